@@ -1,0 +1,1 @@
+"""cleanrl_embodied: single-file RL trainers for embodied tasks."""
