@@ -1,0 +1,18 @@
+"""The small shared package the trainers import: env contract, TensorDict helpers, logging."""
+
+from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, check_env_id, make_env
+from cleanrl_embodied.shared.logging import RunLogger, atomic_save, versions
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, minibatches, rollout_storage
+
+__all__ = [
+    "BUILTIN_ENV_IDS",
+    "RunLogger",
+    "atomic_save",
+    "check_env_id",
+    "flat_dim",
+    "flatten_obs",
+    "make_env",
+    "minibatches",
+    "rollout_storage",
+    "versions",
+]
