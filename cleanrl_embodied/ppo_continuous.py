@@ -2,27 +2,33 @@
 
     uv run python cleanrl_embodied/ppo_continuous.py --env-id PushCubeRL
     uv run python cleanrl_embodied/ppo_continuous.py --env-id Pendulum-v1 --num-envs 16 --num-steps 128 \
-        --gamma 0.99 --gae-lambda 0.95 --total-timesteps 300000
+        --gamma 0.99 --gae-lambda 0.95 --num-minibatches 32 --update-epochs 10 --learning-rate 3e-4 \
+        --norm-obs --norm-reward --total-timesteps 500000
 
-Read top to bottom: `Args`, the `Agent`, three pure functions (`policy_step`, `compute_gae`,
-`ppo_loss`) that torch.compile can wrap unchanged, evaluation, then `main` with the training loop.
-Environments come from `cleanrl_embodied.shared.make_env` (torch tensors on the device, Gymnasium's
-SAME_STEP autoreset with `info["final_obs"]`, on-device episode statistics). Copy this file and edit it.
+Read top to bottom: `Args`; the `Agent` (with its observation normalizer); three pure functions
+(`policy_step`, `compute_gae`, `ppo_loss`) that torch.compile can wrap unchanged; evaluation and
+checkpoints; then `main` with the training loop. Environments come from `cleanrl_embodied.shared`:
+torch tensors on the device, Gymnasium's SAME_STEP autoreset with `info["final_obs"]`, on-device
+episode statistics. Copy this file and edit it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from tensordict import TensorDict
+from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
 
@@ -34,7 +40,7 @@ class Args:
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and deterministic algorithms where cheap"""
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
     track: bool = False
@@ -44,13 +50,17 @@ class Args:
     wandb_entity: str | None = None
     """the W&B entity (team)"""
     capture_video: bool = False
-    """record an mp4 of the first eval env at every evaluation (under `videos/` in the run directory)"""
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
     output_dir: str = "runs"
     """root folder of run directories"""
 
     # Environment
     env_id: str = "PushCubeRL"
     """the environment id: PushCubeRL or any Gymnasium id with a Box action space"""
+    env_kwargs: str = "{}"
+    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
+    eval_env_kwargs: str = "{}"
+    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
     num_envs: int = 256
     """number of parallel training environments"""
     num_eval_envs: int = 64
@@ -58,14 +68,18 @@ class Args:
     num_eval_episodes: int = 64
     """episodes per evaluation (each eval env contributes its first completed episodes)"""
     eval_freq: int = 25
-    """evaluate every this many iterations (0 disables periodic eval; a final eval always runs)"""
+    """evaluate every this many iterations (0: only the final evaluation)"""
     eval_deterministic: bool = True
     """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
-    save_freq: int = 50
-    """write checkpoints/last.pt every this many iterations (and always at the end)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint (with video if --capture-video) and exit without training"""
+    save_freq: int = 25
+    """write checkpoints/last.pt (and a numbered copy) every this many iterations; always at the end"""
+    resume: str | None = None
+    """continue training from this checkpoint (counters, optimizer, schedule, RNG and env state)"""
 
     # Algorithm
-    total_timesteps: int = 3_000_000
+    total_timesteps: int = 2_000_000
     """total environment steps (summed over envs)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
@@ -94,21 +108,35 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient-norm clipping"""
     target_kl: float | None = 0.1
-    """stop the epoch loop early when the approximate KL exceeds this (None disables)"""
+    """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
     hidden_sizes: tuple[int, ...] = (128, 128)
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
+    norm_obs: bool = False
+    """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
+    norm_reward: bool = False
+    """scale rewards by the running std of the discounted return"""
+    clip_obs: float = 10.0
+    """clip normalized observations to [-clip, clip]"""
+    clip_reward: float = 10.0
+    """clip scaled rewards to [-clip, clip]"""
+    max_consecutive_skips: int = 10
+    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
+    compile: bool = False
+    """torch.compile the policy step, GAE and the loss"""
+    cudagraphs: bool = False
+    """capture the policy step in a CUDA graph (CUDA only)"""
+
+
+def fail(msg: str) -> None:
+    raise SystemExit(f"error: {msg}")
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-
-    def fail(msg: str) -> None:
-        raise SystemExit(f"error: {msg}")
-
     for name in ("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                 "num_eval_envs", "num_eval_episodes"):
+                 "num_eval_envs", "num_eval_episodes", "max_consecutive_skips"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     for name in ("eval_freq", "save_freq"):
@@ -122,14 +150,45 @@ def validate(args: Args) -> None:
         fail(f"--gamma must be in (0, 1], got {args.gamma}")
     if not 0.0 <= args.gae_lambda <= 1.0:
         fail(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.learning_rate <= 0 or args.clip_obs <= 0 or args.clip_reward <= 0:
+        fail("--learning-rate, --clip-obs and --clip-reward must be > 0")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
+    for name in ("env_kwargs", "eval_env_kwargs"):
+        try:
+            assert isinstance(json.loads(getattr(args, name)), dict)
+        except (json.JSONDecodeError, AssertionError):
+            fail(f"--{name.replace('_', '-')} must be a JSON object like '{{\"key\": 1.0}}', "
+                 f"got {getattr(args, name)!r}")
+    for name in ("resume", "eval_checkpoint"):
+        if getattr(args, name) and not Path(getattr(args, name)).is_file():
+            fail(f"--{name.replace('_', '-')}: no such checkpoint file {getattr(args, name)!r}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither")
     try:
         check_env_id(args.env_id)
     except ValueError as e:
         fail(str(e))
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean/variance in float64, merged batch by batch with the parallel-variance formula."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, *self.mean.shape).double()
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.mean += delta * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -147,30 +206,37 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Agent(nn.Module):
-    """Gaussian actor with a state-independent log-std, and a separate critic."""
+    """Gaussian actor with a state-independent log-std, a separate critic, and the obs normalizer."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...], init_logstd: float):
+    def __init__(self, obs_dim: int, act_dim: int, args: Args):
         super().__init__()
-        self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(obs_dim, hidden_sizes, act_dim, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), init_logstd))
+        self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
+        self.obs_rms = RunningMeanStd((obs_dim,))
+        self.critic = mlp(obs_dim, args.hidden_sizes, 1, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, args.hidden_sizes, act_dim, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.norm_obs:
+            return obs
+        obs = (obs - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()
+        return obs.clamp(-self.clip_obs, self.clip_obs).float()
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self.critic(self.normalize(obs)).squeeze(-1)
 
     def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(obs)
-        return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp())
+        mean = self.actor_mean(self.normalize(obs))
+        # validate_args=False: the argument check would cost a host sync on every call
+        return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
 
 def policy_step(agent: Agent, obs: torch.Tensor) -> TensorDict:
     """Sample a raw (unclipped) Gaussian action; return it with its log-prob and V(obs)."""
     dist = agent.dist(obs)
     action = dist.sample()
-    return TensorDict(
-        action=action, logprob=dist.log_prob(action).sum(-1), value=agent.get_value(obs),
-        batch_size=obs.shape[:1],
-    )
+    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), value=agent.get_value(obs),
+                      batch_size=obs.shape[:1])
 
 
 def compute_gae(
@@ -184,9 +250,8 @@ def compute_gae(
     has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
     advantage recursion at episode ends. Returns (advantages, returns).
     """
-    not_terminated = (~terminated).float()
     not_done = (~dones).float()
-    deltas = rewards + gamma * next_values * not_terminated - values
+    deltas = rewards + gamma * next_values * (~terminated).float() - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
@@ -208,51 +273,112 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     if args.norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(
-            policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-            approx_kl=((ratio - 1) - logratio).mean(),
-            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
-        )
+        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
+                           approx_kl=((ratio - 1) - logratio).mean(),
+                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())
     return loss, stats
+
+
+def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd,
+                  gamma: float, clip: float) -> torch.Tensor:
+    """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
+    env's discounted return so far and is updated in place (it restarts after episode ends)."""
+    traces = torch.empty_like(rewards, dtype=torch.float64)
+    for t in range(rewards.shape[0]):
+        trace.mul_(gamma).add_(rewards[t])
+        traces[t] = trace
+        trace.mul_((~dones[t]).double())
+    rms.update(traces)
+    return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
+
+
+def check_finite(name: str, bad_step: torch.Tensor, global_step: int, num_envs: int) -> None:
+    """bad_step[n] is the first rollout step at which env n produced a non-finite value, or -1."""
+    if bool((bad_step >= 0).any()):
+        envs = torch.nonzero(bad_step >= 0).flatten()
+        first = int(bad_step[envs].min())
+        fail(f"non-finite {name} from env(s) {envs[:8].tolist()} at global step {global_step + (first + 1) * num_envs}")
 
 
 @torch.no_grad()
 def evaluate(agent: Agent, env, num_episodes: int, deterministic: bool, seed: int,
              video_frames: list | None = None) -> dict[str, float | None]:
-    """Run eval episodes (each eval env contributes its first completed episodes) and average them."""
+    """Run eval episodes (each eval env contributes its first completed episodes) and average them.
+    Sampling uses its own generator, so evaluating never changes the training run's random stream."""
+    gen = torch.Generator(device=agent.actor_logstd.device).manual_seed(seed)
     n = env.num_envs
-    episodes_per_env = -(-num_episodes // n)  # ceil
+    per_env = -(-num_episodes // n)  # ceil
     obs, _ = env.reset(seed=seed)
     done_count = torch.zeros(n, dtype=torch.long, device=obs.device)
-    sums = torch.zeros(3, device=obs.device)  # return, length, success
-    has_success = False
-    while bool((done_count < episodes_per_env).any()):
+    sums, metric_sums, has_success = torch.zeros(3, device=obs.device), {}, False
+    while bool((done_count < per_env).any()):
         dist = agent.dist(obs)
-        action = dist.mean if deterministic else dist.sample()
+        action = dist.mean if deterministic else dist.mean + dist.stddev * torch.randn(
+            dist.mean.shape, generator=gen, device=obs.device)
         obs, _, _, _, info = env.step(action)
         has_success = has_success or "success" in info
         if video_frames is not None and int(done_count[0]) == 0:
             video_frames.append(env.render())
-        counted = info["_episode"] & (done_count < episodes_per_env)
+        counted = (info["_episode"] & (done_count < per_env)).float()
         ep = info["episode"]
-        sums += torch.stack([(ep["r"] * counted).sum(), (ep["l"].float() * counted).sum(),
-                             (ep["success"] * counted).sum()])
+        sums += torch.stack([(ep["r"] * counted).sum(), (ep["l"] * counted).sum(), (ep["success"] * counted).sum()])
+        for k, v in info.get("metrics", {}).items():
+            metric_sums[k] = metric_sums.get(k, 0.0) + (v * counted).sum()
         done_count += info["_episode"].long()
-    ret, length, success = (sums / (episodes_per_env * n)).tolist()
-    return {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
+    ret, length, success = (sums / (per_env * n)).tolist()
+    result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
+    result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})
+    return result
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    keys, *rest = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
+
+
+def load_checkpoint(path: str, args: Args) -> dict:
+    """Load with weights_only=True and refuse, in one line, a checkpoint that can't continue this run."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    def plain(v):
+        return list(v) if isinstance(v, (list, tuple)) else v
+
+    for key in ("env_id", "hidden_sizes", "norm_obs"):
+        if plain(ckpt["args"].get(key)) != plain(getattr(args, key)):
+            fail(f"{path} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}, this run has "
+                 f"{getattr(args, key)}; pass the same value")
+    return ckpt
+
+
+def build_env(args: Args, device: torch.device, num_envs: int, seed: int, kwargs_flag: str):
+    """make_env, with a bad keyword argument reported as one line naming the flag that carried it."""
+    try:
+        return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
+                        **json.loads(getattr(args, kwargs_flag)))
+    except (TypeError, ValueError) as e:
+        fail(f"--{kwargs_flag.replace('_', '-')} / --env-id {args.env_id}: {e}")
 
 
 def main(args: Args) -> dict:
     validate(args)
+    ckpt = load_checkpoint(args.resume or args.eval_checkpoint, args) if (args.resume or args.eval_checkpoint) else None
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
@@ -263,19 +389,82 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = make_env(args.env_id, num_envs=args.num_envs, device=device, seed=args.seed)
-    eval_envs = make_env(args.env_id, num_envs=args.num_eval_envs, device=device, seed=args.seed + 10_000)
-    obs_dim = envs.single_observation_space.shape[0]
-    act_dim = envs.single_action_space.shape[0]
-
-    agent = Agent(obs_dim, act_dim, args.hidden_sizes, args.init_logstd).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-
+    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs")
+    obs_dim = eval_envs.single_observation_space.shape[0]
+    act_dim = eval_envs.single_action_space.shape[0]
+    if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
+        fail(f"checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
+             f"{obs_dim}/{act_dim}")
+    agent = Agent(obs_dim, act_dim, args).to(device)
+    if ckpt is not None:
+        agent.load_state_dict(ckpt["model"])
     logger = RunLogger("ppo_continuous", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
                        output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
                        wandb_entity=args.wandb_entity, total_iterations=num_iterations)
+    render_warned = False
+
+    def run_eval(global_step: int) -> dict:
+        nonlocal render_warned
+        frames = [] if args.capture_video and not render_warned else None
+        result = evaluate(agent, eval_envs, args.num_eval_episodes, args.eval_deterministic, args.seed + 10_000,
+                          frames)
+        result["global_step"] = global_step
+        logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None}, global_step)
+        if frames is not None and (not frames or frames[0] is None):
+            logger.write(f"warning: {args.env_id} cannot render here; no video, training goes on")
+            render_warned = True
+        elif frames:
+            logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{global_step}", global_step)
+        return result
+
+    if args.eval_checkpoint:  # evaluate a saved policy and exit
+        result = run_eval(ckpt["global_step"])
+        logger.write(f"eval of {args.eval_checkpoint}: {result}")
+        logger.write_summary(global_step=ckpt["global_step"], wall_time_s=0.0, sps=0.0, eval=result,
+                             checkpoint=args.eval_checkpoint)
+        logger.close()
+        return {"run_dir": str(logger.run_dir), "eval": result, "global_step": ckpt["global_step"]}
+
+    envs = build_env(args, device, args.num_envs, args.seed, "env_kwargs")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    reward_rms, reward_trace = RunningMeanStd().to(device), torch.zeros(args.num_envs, dtype=torch.float64,
+                                                                        device=device)
+    # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
+    # compiled or graph-captured code then never sees the autograd-tracking module.
+    agent_inference = Agent(obs_dim, act_dim, args).to(device)
+    from_module(agent).data.to_module(agent_inference)
+    policy, value_fn = partial(policy_step, agent_inference), agent_inference.get_value
+    gae, loss_fn = compute_gae, ppo_loss
+    if args.compile:
+        policy, value_fn = torch.compile(policy), torch.compile(value_fn)
+        gae, loss_fn = torch.compile(compute_gae), torch.compile(ppo_loss)
+    if args.cudagraphs:
+        from tensordict.nn import CudaGraphModule
+        policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
+
+    global_step, start_iteration, best_key = 0, 1, (-1.0, -float("inf"))
+    next_obs, _ = envs.reset(seed=args.seed)
+    if ckpt is not None:  # resume: every piece of state the next iteration depends on
+        optimizer.load_state_dict(ckpt["optimizer"])
+        reward_rms.load_state_dict(ckpt["reward_rms"])
+        reward_trace.copy_(ckpt["reward_trace"])
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        best_key = tuple(ckpt["best_key"])
+        if ckpt.get("env_state") is not None:
+            envs.unwrapped.load_state_dict(ckpt["env_state"])
+            next_obs = ckpt["next_obs"].to(device)
+        set_rng_state(ckpt["rng"])
     logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
-                 f"iterations={num_iterations} run_dir={logger.run_dir}")
+                 f"iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
+
+    def save_checkpoint(name: str, iteration: int) -> str:
+        env_state = envs.unwrapped.state_dict() if hasattr(envs.unwrapped, "state_dict") else None
+        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                 "reward_rms": reward_rms.state_dict(), "reward_trace": reward_trace, "iteration": iteration,
+                 "global_step": global_step, "num_iterations": num_iterations, "best_key": list(best_key),
+                 "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args),
+                 "rng": rng_state(), "env_state": env_state, "next_obs": next_obs}
+        return str(atomic_save(state, logger.checkpoint_dir / name))
 
     storage = rollout_storage(
         args.num_steps, args.num_envs, device,
@@ -283,115 +472,124 @@ def main(args: Args) -> dict:
         value=((), torch.float32), final_value=((), torch.float32), reward=((), torch.float32),
         terminated=((), torch.bool), done=((), torch.bool),
     )
+    # Ctrl-C asks the loop to stop after the current iteration (a second Ctrl-C stops at once).
+    stop = {"requested": False}
 
-    def save_checkpoint(iteration: int, global_step: int) -> str:
-        path = logger.checkpoint_dir / "last.pt"
-        atomic_save({"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-                     "global_step": global_step, "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim,
-                     "args": dataclasses.asdict(args)}, path)
-        return str(path)
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        logger.write("Ctrl-C: finishing this iteration, then writing last.pt and summary.json")
 
-    def run_eval(global_step: int) -> dict:
-        frames = [] if args.capture_video else None
-        result = evaluate(agent, eval_envs, args.num_eval_episodes, args.eval_deterministic, args.seed + 10_000,
-                          frames)
-        result["global_step"] = global_step
-        logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None},
-                   global_step)
-        if frames:
-            logger.write_video(np.stack(frames), f"eval_{global_step}", global_step)
-        return result
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    iteration, eval_result, checkpoint, skipped, consecutive_skips = start_iteration - 1, None, None, 0, 0
+    next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, num_iterations + 1):
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
 
-    global_step, iteration, eval_result, checkpoint = 0, 0, None, None
-    next_eval_iteration, next_save_iteration = args.eval_freq, args.save_freq
-    start_time = time.time()
-    next_obs, _ = envs.reset(seed=args.seed)
-    interrupted = False
-    try:
-        for iteration in range(1, num_iterations + 1):
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+        # ---- rollout: no host sync inside this loop ----
+        ep_sums = torch.zeros(4, device=device)  # episodes, return, length, success
+        bad_obs = torch.full((args.num_envs,), -1, device=device)
+        bad_reward = bad_obs.clone()
+        with torch.no_grad():
+            for step in range(args.num_steps):
+                out = policy(next_obs)
+                storage["obs"][step] = next_obs
+                for key in ("action", "logprob", "value"):
+                    storage[key][step] = out[key]
+                next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                storage["final_value"][step] = value_fn(info["final_obs"])  # used only where the episode ended
+                storage["reward"][step], storage["terminated"][step] = reward, terminated
+                storage["done"][step] = terminated | truncated
+                bad_obs = torch.where((bad_obs < 0) & ~torch.isfinite(next_obs).all(-1), step, bad_obs)
+                bad_reward = torch.where((bad_reward < 0) & ~torch.isfinite(reward), step, bad_reward)
+                ended, ep = info["_episode"].float(), info["episode"]
+                ep_sums += torch.stack([ended.sum(), (ep["r"] * ended).sum(), (ep["l"] * ended).sum(),
+                                        (ep["success"] * ended).sum()])
+            check_finite("observation", bad_obs, global_step, args.num_envs)
+            check_finite("reward", bad_reward, global_step, args.num_envs)
+            global_step += batch_size
 
-            # ---- rollout: no host sync inside this loop ----
-            ep_sums = torch.zeros(4, device=device)  # episodes, return, length, success
-            with torch.no_grad():
-                for step in range(args.num_steps):
-                    out = policy_step(agent, next_obs)
-                    storage["obs"][step] = next_obs
-                    for key in ("action", "logprob", "value"):
-                        storage[key][step] = out[key]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
-                    storage["final_value"][step] = agent.get_value(info.get("final_obs", next_obs))
-                    storage["reward"][step] = reward
-                    storage["terminated"][step] = terminated
-                    storage["done"][step] = terminated | truncated
-                    ended, ep = info["_episode"].float(), info["episode"]
-                    ep_sums += torch.stack([ended.sum(), (ep["r"] * ended).sum(), (ep["l"] * ended).sum(),
-                                            (ep["success"] * ended).sum()])
-                global_step += batch_size
+            # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
+            next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+            next_values = torch.where(storage["done"], storage["final_value"], next_values)
+            rewards = storage["reward"]
+            if args.norm_reward:
+                rewards = scale_rewards(rewards, storage["done"], reward_trace, reward_rms, args.gamma,
+                                        args.clip_reward)
+            advantages, returns = gae(rewards, storage["value"], next_values, storage["terminated"],
+                                      storage["done"], args.gamma, args.gae_lambda)
 
-                # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
-                next_values = torch.cat([storage["value"][1:], agent.get_value(next_obs)[None]])
-                next_values = torch.where(storage["done"], storage["final_value"], next_values)
-                advantages, returns = compute_gae(storage["reward"], storage["value"], next_values,
-                                                  storage["terminated"], storage["done"], args.gamma,
-                                                  args.gae_lambda)
+        # ---- PPO update ----
+        batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
+        batch["advantages"], batch["returns"] = advantages.reshape(-1), returns.reshape(-1)
+        for _epoch in range(args.update_epochs):
+            perm = torch.randperm(batch_size, device=device)
+            epoch_kl = []
+            for start in range(0, batch_size, minibatch_size):
+                loss, stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                if not bool(torch.isfinite(grad_norm) & torch.isfinite(loss)):  # skip, count, maybe stop
+                    skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
+                    if consecutive_skips >= args.max_consecutive_skips:
+                        fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
+                             f"(last at global step {global_step}); lower --learning-rate or check the env")
+                    continue
+                consecutive_skips = 0
+                optimizer.step()
+                epoch_kl.append(stats["approx_kl"])
+            if args.target_kl is not None and epoch_kl and float(torch.stack(epoch_kl).mean()) > args.target_kl:
+                break
+        if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
+            agent.obs_rms.update(storage["obs"])
 
-            # ---- PPO update ----
-            batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
-            batch["advantages"], batch["returns"] = advantages.reshape(-1), returns.reshape(-1)
-            for _epoch in range(args.update_epochs):
-                perm = torch.randperm(batch_size, device=device)
-                epoch_kl = []
-                for start in range(0, batch_size, minibatch_size):
-                    loss, stats = ppo_loss(agent, batch[perm[start:start + minibatch_size]], args)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    epoch_kl.append(stats["approx_kl"])
-                if args.target_kl is not None and float(torch.stack(epoch_kl).mean()) > args.target_kl:
-                    break
+        # ---- logging: one host sync per iteration ----
+        explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
+        sps = (global_step - start_step) / (time.time() - start_time)
+        scalars = {f"losses/{k}": v for k, v in stats.items()}
+        scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps,
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/skipped_updates": skipped})
+        if float(ep_sums[0]) > 0:
+            n_ep = ep_sums[0]
+            scalars.update({"charts/episodic_return": ep_sums[1] / n_ep, "charts/episodic_length": ep_sums[2] / n_ep,
+                            "charts/success_rate": ep_sums[3] / n_ep})
+        logger.log(scalars, global_step)
+        logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
+                        succ=logger.latest.get("charts/success_rate"))
 
-            # ---- logging: one host sync per iteration ----
-            y_pred, y_true = batch["value"], batch["returns"]
-            explained_var = 1 - (y_true - y_pred).var() / y_true.var().clamp_min(1e-8)
-            n_ep = ep_sums[0].clamp_min(1)
-            sps = global_step / (time.time() - start_time)
-            scalars = {f"losses/{k}": v for k, v in stats.items()}
-            scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps,
-                            "charts/learning_rate": optimizer.param_groups[0]["lr"]})
-            if float(ep_sums[0]) > 0:
-                scalars.update({"charts/episodic_return": ep_sums[1] / n_ep,
-                                "charts/episodic_length": ep_sums[2] / n_ep,
-                                "charts/success_rate": ep_sums[3] / n_ep})
-            logger.log(scalars, global_step)
-            latest = logger.latest
-            logger.progress(global_step, SPS=sps, ret=latest.get("charts/episodic_return"),
-                            succ=latest.get("charts/success_rate"))
+        # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
+        if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
+            next_eval = iteration + args.eval_freq
+            eval_result = run_eval(global_step)
+            key = (eval_result["success_rate"] or 0.0, eval_result["episodic_return"])
+            if key > best_key:
+                best_key = key
+                save_checkpoint("best.pt", iteration)
+        if args.save_freq and iteration >= next_save:
+            next_save = iteration + args.save_freq
+            checkpoint = save_checkpoint("last.pt", iteration)
+            save_checkpoint(f"iter_{iteration:06d}.pt", iteration)
+        if stop["requested"]:
+            break
 
-            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
-            if args.eval_freq and iteration >= next_eval_iteration and iteration < num_iterations:
-                eval_result = run_eval(global_step)
-                next_eval_iteration = iteration + args.eval_freq
-            if args.save_freq and iteration >= next_save_iteration:
-                checkpoint = save_checkpoint(iteration, global_step)
-                next_save_iteration = iteration + args.save_freq
-    except KeyboardInterrupt:
-        interrupted = True
-        logger.write("interrupted: writing the last checkpoint and summary.json")
-
-    if not interrupted:
+    checkpoint = save_checkpoint("last.pt", iteration)
+    if not stop["requested"]:
         eval_result = run_eval(global_step)
-    checkpoint = save_checkpoint(iteration, global_step)
+        if (eval_result["success_rate"] or 0.0, eval_result["episodic_return"]) > best_key:
+            save_checkpoint("best.pt", iteration)
+    signal.signal(signal.SIGINT, previous_handler)
     wall = time.time() - start_time
-    logger.write_summary(global_step=global_step, wall_time_s=wall, sps=global_step / max(wall, 1e-9),
+    logger.write_summary(global_step=global_step, wall_time_s=wall, sps=(global_step - start_step) / max(wall, 1e-9),
                          eval=eval_result, checkpoint=checkpoint)
     logger.write(f"done: global_step={global_step} wall_time={wall:.1f}s eval={eval_result}")
     logger.close()
     envs.close()
     eval_envs.close()
-    if interrupted:
+    if stop["requested"]:
         sys.exit(130)
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step}
 

@@ -1,0 +1,228 @@
+"""ppo_continuous.py end to end: smoke runs, outputs, bad input, resume, compile, faults, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanrl_embodied import ppo_continuous as ppo
+
+SCRIPT = Path(ppo.__file__)
+TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
+            hidden_sizes=(32, 32), cuda=False)
+
+
+def tiny_args(tmp_path, **overrides) -> ppo.Args:
+    kwargs = {**TINY, "output_dir": str(tmp_path), "total_timesteps": 4 * 8 * 10, **overrides}
+    return ppo.Args(**kwargs)
+
+
+def finite_numbers(obj) -> bool:
+    if isinstance(obj, dict):
+        return all(finite_numbers(v) for v in obj.values())
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def test_smoke_run_writes_events_summary_checkpoints_and_video(tmp_path):
+    out = ppo.main(tiny_args(tmp_path, eval_freq=2, save_freq=2, capture_video=True, norm_obs=True,
+                             norm_reward=True))
+    run_dir = Path(out["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["script"] == "ppo_continuous" and summary["env_id"] == "PushCubeRL"
+    assert summary["global_step"] == 4 * 8 * 10
+    assert summary["sps"] > 0 and summary["wall_time_s"] > 0
+    assert summary["eval"]["success_rate"] is not None and 0.0 <= summary["eval"]["success_rate"] <= 1.0
+    assert summary["eval"]["episodic_length"] > 0
+    assert finite_numbers(summary["train"]) and finite_numbers(summary["eval"])
+    for name in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl", "charts/SPS",
+                 "losses/explained_variance"):
+        assert name in summary["train"], name
+    assert summary["versions"]["torch"] == torch.__version__
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"charts/SPS", "losses/value_loss", "eval/success_rate", "eval/episodic_return"} <= set(tags)
+    assert all(math.isfinite(e.value) for e in acc.Scalars("losses/value_loss"))
+    assert [e.step for e in acc.Scalars("charts/SPS")] == [80, 160, 240, 320]
+
+    ckpt_dir = run_dir / "checkpoints"
+    assert {"last.pt", "best.pt", "iter_000002.pt", "iter_000004.pt"} <= {p.name for p in ckpt_dir.iterdir()}
+    ckpt = torch.load(ckpt_dir / "last.pt", weights_only=True)
+    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 320
+    assert not any("_orig_mod" in k for k in ckpt["model"])
+    assert "obs_rms.mean" in ckpt["model"] and ckpt["model"]["obs_rms.count"] > 1
+    assert ckpt["reward_rms"]["count"] > 1
+    videos = list((run_dir / "videos").glob("*.mp4"))
+    assert videos and all(v.stat().st_size > 0 for v in videos)
+
+
+def test_runs_unchanged_on_pendulum(tmp_path):
+    out = ppo.main(tiny_args(tmp_path, env_id="Pendulum-v1", num_eval_episodes=4, gamma=0.99))
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["eval"]["success_rate"] is None  # Pendulum has no success signal
+    assert summary["eval"]["episodic_length"] == 200
+    assert math.isfinite(summary["eval"]["episodic_return"])
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+    ({"num_minibatches": 1000}, "--num-minibatches"),
+    ({"num_minibatches": 3}, "--num-minibatches"),
+    ({"num_envs": -1}, "--num-envs"),
+    ({"total_timesteps": 0}, "--total-timesteps"),
+    ({"resume": "/no/such/file.pt"}, "--resume"),
+    ({"env_kwargs": "not json"}, "--env-kwargs"),
+    ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
+    ({"cudagraphs": True}, "--cudagraphs"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, overrides, flag):
+    if flag == "--cudagraphs" and torch.cuda.is_available():
+        pytest.skip("--cudagraphs is valid where CUDA exists")
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path, **overrides))
+    message = str(e.value.code)
+    assert message.startswith("error:") and flag in message and "\n" not in message
+    if flag == "--env-id":
+        assert "PushCubeRL" in message
+    assert not list(tmp_path.glob("*/summary.json"))  # refused before any run started
+
+
+def test_bad_input_from_the_command_line_has_no_traceback():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--env-id", "NoSuchEnv-v0"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--env-id" in lines[0] and "PushCubeRL" in lines[0]
+
+
+def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
+    common = dict(total_timesteps=6 * 8 * 10, save_freq=3, eval_freq=2, norm_obs=True, norm_reward=True,
+                  torch_deterministic=True)
+    straight = ppo.main(tiny_args(tmp_path / "a", **common))
+    half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
+    resumed = ppo.main(tiny_args(tmp_path / "b", resume=str(half), **common))
+    assert resumed["global_step"] == straight["global_step"] == 480
+    a = torch.load(Path(straight["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(Path(resumed["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["reward_rms"]["var"], b["reward_rms"]["var"])
+    # logging steps continue where the first half stopped
+    acc = EventAccumulator(resumed["run_dir"])
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("charts/SPS")] == [320, 400, 480]
+
+
+def test_resume_refuses_a_checkpoint_of_another_env(tmp_path):
+    first = ppo.main(tiny_args(tmp_path / "a"))
+    last = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path / "b", env_id="Pendulum-v1", resume=str(last)))
+    assert "--env-id" in str(e.value.code) and "\n" not in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path / "c", hidden_sizes=(16,), resume=str(last)))
+    assert "--hidden-sizes" in str(e.value.code)
+
+
+def test_eval_checkpoint_evaluates_without_training(tmp_path):
+    first = ppo.main(tiny_args(tmp_path / "a"))
+    last = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    out = ppo.main(tiny_args(tmp_path / "b", eval_checkpoint=str(last), capture_video=True))
+    assert out["global_step"] == first["global_step"]
+    run_dir = Path(out["run_dir"])
+    assert not list((run_dir / "checkpoints").glob("*.pt"))  # nothing trained, nothing saved
+    assert list((run_dir / "videos").glob("*.mp4"))
+    assert json.loads((run_dir / "summary.json").read_text())["eval"]["episodic_length"] > 0
+
+
+class InjectNaN:
+    """Wraps an env so that env 2 returns a NaN observation on the env's third step."""
+
+    def __init__(self, env):
+        self.env, self.steps = env, 0
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == 3:
+            obs = obs.clone()
+            obs[2, 5] = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+def test_non_finite_observation_stops_with_one_line(tmp_path, monkeypatch):
+    real_make_env = ppo.make_env
+    monkeypatch.setattr(ppo, "make_env", lambda env_id, num_envs, **kw: (
+        InjectNaN(real_make_env(env_id, num_envs, **kw)) if num_envs == 8 else real_make_env(env_id, num_envs, **kw)))
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path))
+    message = str(e.value.code)
+    assert message.startswith("error: non-finite observation from env(s) [2] at global step 24"), message
+    assert "\n" not in message
+
+
+def test_compiled_and_eager_first_update_agree(tmp_path):
+    torch.manual_seed(0)
+    args = tiny_args(tmp_path)
+    agent = ppo.Agent(31, 7, args)
+    batch = ppo.TensorDict(obs=torch.randn(64, 31), action=torch.randn(64, 7), logprob=torch.randn(64) - 5,
+                           value=torch.randn(64), advantages=torch.randn(64), returns=torch.randn(64),
+                           batch_size=[64])
+    grads = []
+    for loss_fn in (ppo.ppo_loss, torch.compile(ppo.ppo_loss)):
+        agent.zero_grad()
+        loss, stats = loss_fn(agent, batch, args)
+        loss.backward()
+        grads.append([p.grad.clone() for p in agent.parameters()])
+    for eager, compiled in zip(*grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    rew, val, nxt = torch.randn(3, 10, 4).unbind(0)
+    term, done = torch.rand(10, 4) < 0.1, torch.rand(10, 4) < 0.2
+    eager = ppo.compute_gae(rew, val, nxt, term, done | term, 0.9, 0.95)
+    compiled = torch.compile(ppo.compute_gae)(rew, val, nxt, term, done | term, 0.9, 0.95)
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_compile_flag_trains_and_saves_plain_state_dict(tmp_path):
+    out = ppo.main(tiny_args(tmp_path, compile=True, total_timesteps=2 * 8 * 10))
+    ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert not any("_orig_mod" in k for k in ckpt["model"])
+    assert ckpt["global_step"] == 160
+
+
+def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--num-envs", "8",
+                             "--num-steps", "10", "--num-minibatches", "2", "--total-timesteps", "100000000",
+                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
+        time.sleep(0.5)
+    time.sleep(3)  # let a few iterations run
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-2000:]
+    run_dir = next(tmp_path.glob("PushCubeRL__*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert summary["global_step"] == ckpt["global_step"] > 0
+    assert summary["checkpoint"].endswith("last.pt")
