@@ -338,3 +338,22 @@ def test_push_cube_contract():
         assert info["final_obs"].shape == (4, 31) and info["_final_obs"].dtype == torch.bool
         assert set(info["episode"]) == {"r", "l", "success"} and info["_episode"].shape == (4,)
         e.close()
+
+
+def test_interval_randomization_resamples_parameters_every_k_steps():
+    env = make_env("PushCubeRL", num_envs=64, seed=0, push_friction_range=(0.5, 1.5), randomize_interval=3)
+    env.reset(seed=0)
+    raw = env.unwrapped
+    before = raw.push_friction.clone()
+    actions = torch.zeros(64, 7)
+    env.step(actions)
+    env.step(actions)
+    assert torch.equal(raw.push_friction, before)  # not yet
+    env.step(actions)
+    assert not torch.equal(raw.push_friction, before)  # the 3rd step fired the event
+    assert ((raw.push_friction >= 0.5) & (raw.push_friction <= 1.5)).all()
+    assert env.num_events == 1
+    with pytest.raises(ValueError, match="randomize_interval"):
+        make_env("Pendulum-v1", num_envs=2, randomize_interval=5)
+    with pytest.raises(ValueError, match="randomize_interval"):
+        make_env("PushCubeRL", num_envs=2, randomize_interval=0)

@@ -18,7 +18,12 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.wrappers.vector import RescaleAction, TransformAction
 
-from cleanrl_embodied.shared.envs.wrappers import EpisodeStatistics, FlattenDictObservation, GymnasiumToTorch
+from cleanrl_embodied.shared.envs.wrappers import (
+    EpisodeStatistics,
+    FlattenDictObservation,
+    GymnasiumToTorch,
+    IntervalRandomization,
+)
 
 __all__ = ["BUILTIN_ENV_IDS", "check_env_id", "make_env"]
 
@@ -60,7 +65,8 @@ def make_env(
     """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``.
 
     ``seed`` seeds the first ``reset()`` called with ``seed=None``. ``env_kwargs`` go to the env constructor;
-    for Gymnasium ids, ``vectorization="async"`` selects ``AsyncVectorEnv`` (default ``"sync"``).
+    for Gymnasium ids, ``vectorization="async"`` selects ``AsyncVectorEnv`` (default ``"sync"``);
+    ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
     """
@@ -69,13 +75,17 @@ def make_env(
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)
 
+    randomize_interval = env_kwargs.pop("randomize_interval", None)
     if env_id == "PushCubeRL":
         env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if isinstance(env.single_observation_space, gym.spaces.Dict):
             env = FlattenDictObservation(env)
-        return env
-    # ManiSkill ids (GPU-batched torch envs) get their own branch here (separate issue).
-    return _make_gymnasium_env(env_id, num_envs, device, seed, **env_kwargs)
+    else:
+        # ManiSkill ids (GPU-batched torch envs) get their own branch here (separate issue).
+        env = _make_gymnasium_env(env_id, num_envs, device, seed, **env_kwargs)
+    if randomize_interval is not None:
+        env = IntervalRandomization(env, randomize_interval)
+    return env
 
 
 def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, **env_kwargs) -> VectorEnv:

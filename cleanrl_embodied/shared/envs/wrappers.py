@@ -286,3 +286,31 @@ class GymnasiumToTorch(VectorWrapper):
             torch.as_tensor(truncated, dtype=torch.bool, device=self.device),
             out,
         )
+
+
+class IntervalRandomization(VectorWrapper):
+    """Domain-randomization event at an interval: every ``interval`` env steps, ask the env to resample its
+    randomized physical parameters (``env.unwrapped.randomize_parameters()``) mid-episode.
+
+    Reset-time randomization is the env's own business (PushCubeRL's ``*_range`` options); this wrapper adds
+    the "every K steps" event of EmbodiChain's EventManager as a plain Gymnasium wrapper. It counts control
+    steps on the host (a Python int), so it costs no device sync.
+    """
+
+    def __init__(self, env: VectorEnv, interval: int):
+        super().__init__(env)
+        if not hasattr(env.unwrapped, "randomize_parameters"):
+            raise ValueError(f"randomize_interval: {type(env.unwrapped).__name__} has no randomize_parameters()")
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"randomize_interval must be a positive integer (env steps), got {interval!r}")
+        self.interval = interval
+        self.steps_since_event = 0
+        self.num_events = 0
+
+    def step(self, actions):
+        self.steps_since_event += 1
+        if self.steps_since_event >= self.interval:
+            self.env.unwrapped.randomize_parameters()
+            self.steps_since_event = 0
+            self.num_events += 1
+        return self.env.step(actions)
