@@ -1,0 +1,174 @@
+"""Kinematic model of the Franka Emika Panda arm: DH parameters, joint limits, batched FK, Jacobian.
+
+The arm is described with the modified (Craig) Denavit-Hartenberg convention published by Franka
+Emika. The transform from frame i-1 to frame i is
+
+    T_i = RotX(alpha_i) @ TransX(a_i) @ RotZ(q_i) @ TransZ(d_i)
+
+and joint i turns about the z axis of frame i. Past joint 7 come the flange (0.107 m along z7) and
+the hand, whose tool centre point (TCP, between the fingertips) lies 0.1034 m further along the same
+axis. Only positions are modelled here (no dynamics, no collision geometry).
+
+Everything is plain batched tensor code: configurations are ``[N, 7]`` tensors and results keep the
+batch dimension first, so the functions run on any device and under ``torch.func`` transforms.
+Positions are returned in the world frame, with the robot base at ``base_pos`` (no base rotation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NUM_JOINTS = 7
+
+# Modified DH parameters of joints 1..7 (metres and radians).
+DH_A = (0.0, 0.0, 0.0, 0.0825, -0.0825, 0.0, 0.088)
+DH_D = (0.333, 0.0, 0.316, 0.0, 0.384, 0.0, 0.0)
+DH_ALPHA = (0.0, -math.pi / 2, math.pi / 2, math.pi / 2, -math.pi / 2, math.pi / 2, math.pi / 2)
+
+FLANGE_OFFSET = 0.107  # flange along z7
+TCP_OFFSET = 0.1034  # hand TCP past the flange, along the same axis
+TCP_DISTANCE_FROM_FRAME7 = FLANGE_OFFSET + TCP_OFFSET
+
+JOINT_LOWER = (-2.8973, -1.7628, -2.8973, -3.0718, -2.8973, -0.0175, -2.8973)
+JOINT_UPPER = (2.8973, 1.7628, 2.8973, -0.0698, 2.8973, 3.7525, 2.8973)
+
+# Arm tucked above the workspace, hand pointing down (ManiSkill's Panda "rest" keyframe).
+# With the base at DEFAULT_BASE_POS its TCP sits at world (0.0, 0.0, 0.170).
+REST_QPOS = (0.0, math.pi / 8, 0.0, -5 * math.pi / 8, 0.0, 3 * math.pi / 4, math.pi / 4)
+
+# Base position in the world as in ManiSkill's table-top scenes: table top at z = 0, workspace around x = 0.
+DEFAULT_BASE_POS = (-0.615, 0.0, 0.0)
+
+# Points returned by forward_kinematics: base, origins of frames 1..7, TCP.
+NUM_FK_POINTS = NUM_JOINTS + 2
+
+# sin(alpha_i), exactly -1, 0 or 1 for the Panda: the x rotation of each link is a signed axis swap.
+_ALPHA_SIGN = tuple(round(math.sin(alpha)) for alpha in DH_ALPHA)
+
+
+def joint_limits(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Lower and upper joint limits as float32 tensors of shape [7]."""
+    lower = torch.tensor(JOINT_LOWER, dtype=torch.float32, device=device)
+    upper = torch.tensor(JOINT_UPPER, dtype=torch.float32, device=device)
+    return lower, upper
+
+
+def rest_qpos(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The rest configuration as a float32 tensor of shape [7]."""
+    return torch.tensor(REST_QPOS, dtype=torch.float32, device=device)
+
+
+def link_transforms(q: torch.Tensor) -> torch.Tensor:
+    """Parent-to-child transforms of the 7 links, built all at once: [N, 7] -> [N, 7, 4, 4]."""
+    a = q.new_tensor(DH_A)
+    d = q.new_tensor(DH_D)
+    alpha = q.new_tensor(DH_ALPHA)
+    cos_a, sin_a = torch.cos(alpha), torch.sin(alpha)
+    cos_q, sin_q = torch.cos(q), torch.sin(q)
+    zero = torch.zeros_like(q)
+    one = torch.ones_like(q)
+    rows = (
+        cos_q, -sin_q, zero, a.expand_as(q),
+        sin_q * cos_a, cos_q * cos_a, (-sin_a).expand_as(q), (-sin_a * d).expand_as(q),
+        sin_q * sin_a, cos_q * sin_a, cos_a.expand_as(q), (cos_a * d).expand_as(q),
+        zero, zero, zero, one,
+    )  # fmt: skip
+    return torch.stack(rows, dim=-1).reshape(*q.shape, 4, 4)
+
+
+def frame_transforms(
+    q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
+) -> torch.Tensor:
+    """World transforms of frames 1..7 and of the TCP frame: [N, 7] -> [N, 8, 4, 4].
+
+    The TCP frame is frame 7 shifted along its z axis (the hand's rotation about z does not
+    change the TCP position, so it is left out).
+    """
+    links = link_transforms(q)
+    world = links[:, 0].clone()
+    world[:, :3, 3] += q.new_tensor(base_pos)
+    frames = [world]
+    for i in range(1, NUM_JOINTS):
+        world = world @ links[:, i]
+        frames.append(world)
+    tcp = world.clone()
+    tcp[:, :3, 3] += world[:, :3, 2] * TCP_DISTANCE_FROM_FRAME7
+    frames.append(tcp)
+    return torch.stack(frames, dim=1)
+
+
+def forward_kinematics(
+    q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
+) -> torch.Tensor:
+    """World positions of the base, the 7 joint frames and the TCP: [N, 7] -> [N, 9, 3].
+
+    Consecutive points are joined by the arm's links, which is what a renderer needs.
+    """
+    origins = frame_transforms(q, base_pos)[:, :, :3, 3]
+    base = q.new_tensor(base_pos).expand(q.shape[0], 1, 3)
+    return torch.cat([base, origins], dim=1)
+
+
+def tcp_position(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS) -> torch.Tensor:
+    """World position of the TCP: [N, 7] -> [N, 3] (the fast path used by the env's step).
+
+    The TCP point is carried from frame 7 back to the base one link at a time, with element-wise
+    ops on [N] tensors instead of 4x4 matrices (about 7x faster on CPU at N = 4096). Per link,
+    in reverse order of T_i: shift by d_i along z, turn by q_i about z, shift by a_i along x, then
+    turn by alpha_i about x, which for alpha in {0, +-pi/2} is just a signed swap of y and z.
+    """
+    q_by_joint = q.T.contiguous()
+    cos_q, sin_q = torch.cos(q_by_joint), torch.sin(q_by_joint)
+    x = torch.zeros_like(q_by_joint[0])
+    y = torch.zeros_like(x)
+    z = torch.full_like(x, TCP_DISTANCE_FROM_FRAME7)
+    for i in reversed(range(NUM_JOINTS)):
+        if DH_D[i] != 0.0:
+            z = z + DH_D[i]
+        x, y = cos_q[i] * x - sin_q[i] * y, sin_q[i] * x + cos_q[i] * y
+        if DH_A[i] != 0.0:
+            x = x + DH_A[i]
+        if _ALPHA_SIGN[i] > 0:
+            y, z = -z, y
+        elif _ALPHA_SIGN[i] < 0:
+            y, z = z, -y
+    return torch.stack([x + base_pos[0], y + base_pos[1], z + base_pos[2]], dim=-1)
+
+
+def tcp_position_and_jacobian(
+    q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TCP position [N, 3] and its positional Jacobian d tcp / d q [N, 3, 7] in one pass.
+
+    Same backward walk as :func:`tcp_position`, carrying 8 vectors at once as rows of [8, N]
+    tensors: row 0 is the TCP point and row 1 + i its derivative with respect to q_i. Turning
+    joint i moves a point p (in frame i) by z x p = (-p_y, p_x, 0) per radian; that vector is
+    created when the walk reaches joint i and from then on is rotated like the point (but not
+    shifted, being a direction).
+    """
+    q_by_joint = q.T.contiguous()
+    cos_q, sin_q = torch.cos(q_by_joint), torch.sin(q_by_joint)
+    x = q.new_zeros(NUM_JOINTS + 1, q.shape[0])
+    y = torch.zeros_like(x)
+    z = torch.zeros_like(x)
+    z[0] = TCP_DISTANCE_FROM_FRAME7
+    for i in reversed(range(NUM_JOINTS)):
+        z[0] += DH_D[i]
+        x[1 + i] = -y[0]
+        y[1 + i] = x[0]
+        x, y = cos_q[i] * x - sin_q[i] * y, sin_q[i] * x + cos_q[i] * y
+        x[0] += DH_A[i]
+        if _ALPHA_SIGN[i] > 0:
+            y, z = -z, y
+        elif _ALPHA_SIGN[i] < 0:
+            y, z = z, -y
+    position = torch.stack([x[0] + base_pos[0], y[0] + base_pos[1], z[0] + base_pos[2]], dim=-1)
+    jacobian = torch.stack([x[1:], y[1:], z[1:]], dim=0).permute(2, 0, 1)
+    return position, jacobian
+
+
+def tcp_jacobian(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS) -> torch.Tensor:
+    """Positional Jacobian of the TCP, d tcp / d q: [N, 7] -> [N, 3, 7]."""
+    return tcp_position_and_jacobian(q, base_pos)[1]
