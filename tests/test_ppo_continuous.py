@@ -226,3 +226,11 @@ def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert summary["global_step"] == ckpt["global_step"] > 0
     assert summary["checkpoint"].endswith("last.pt")
+
+
+def test_default_ppo_learns_to_push_the_cube(tmp_path):
+    """A short but real run at the default hyperparameters: a random policy succeeds in < 5% of
+    episodes (tests/test_push_cube.py), PPO must get most eval episodes right after 200k steps."""
+    out = ppo.main(ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0,
+                            save_freq=0))
+    assert out["eval"]["success_rate"] >= 0.8, out["eval"]
