@@ -1,0 +1,369 @@
+"""GRPO: group advantages against a plain reference loop, group resets, CLI errors, and short in-process runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensordict import TensorDict
+
+from cleanrl_embodied import grpo
+from cleanrl_embodied.grpo import Args, first_episode_mask, group_advantages, main, returns_to_go
+from cleanrl_embodied.shared import make_env
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# A toy Gymnasium task: obs x ~ U(-1, 1)^2, reward -(a - x[0])^2, 5 steps. Options make it misbehave.
+# ---------------------------------------------------------------------------------------------
+class ToyEnv(gym.Env):
+    def __init__(self, ignore_seed: bool = False, nan_reward_at: int | None = None):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.ignore_seed, self.nan_reward_at = ignore_seed, nan_reward_at
+        self._t, self._x = 0, np.zeros(2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=None if self.ignore_seed else seed)
+        rng = np.random.default_rng() if self.ignore_seed else self.np_random
+        self._t, self._x = 0, rng.uniform(-1, 1, 2).astype(np.float32)
+        return self._x.copy(), {}
+
+    def step(self, action):
+        self._t += 1
+        reward = -float((action[0] - self._x[0]) ** 2)
+        if self.nan_reward_at is not None and self._t == self.nan_reward_at:
+            reward = float("nan")
+        return self._x.copy(), reward, False, False, {}
+
+
+for _id, _kwargs in (("GRPOToy-v0", {}), ("GRPOToyNoSeed-v0", {"ignore_seed": True}),
+                     ("GRPOToyNaN-v0", {"nan_reward_at": 3})):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=ToyEnv, max_episode_steps=5, kwargs=_kwargs)
+
+
+def tiny_args(tmp_path: Path, **overrides) -> Args:
+    base = dict(env_id="PushCubeRL", num_envs=8, group_size=4, total_timesteps=8 * 50 * 3, num_minibatches=2,
+                update_epochs=2, eval_freq=2, save_freq=2, num_eval_envs=4, num_eval_episodes=4,
+                hidden_sizes=(32, 32), output_dir=str(tmp_path), cuda=False)
+    base.update(overrides)
+    return Args(**base)
+
+
+def one_line_exit(excinfo) -> str:
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions against reference loops
+# ---------------------------------------------------------------------------------------------
+def reference_returns(rewards, dones, gamma):
+    T, N = rewards.shape
+    out = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        running = 0.0
+        for t in reversed(range(T)):
+            if dones[t, n]:
+                running = 0.0  # the next step belongs to another episode
+            running = float(rewards[t, n]) + gamma * running
+            out[t, n] = running
+    return out
+
+
+def reference_mask(dones):
+    T, N = dones.shape
+    mask = torch.zeros(T, N, dtype=torch.bool)
+    for n in range(N):
+        for t in range(T):
+            mask[t, n] = True
+            if dones[t, n]:
+                break
+    return mask
+
+
+def reference_advantages(returns, mask, group_size, scale, eps):
+    """One group and one time step at a time, in Python floats."""
+    T, N = returns.shape
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for t in range(T):
+        for g0 in range(0, N, group_size):
+            members = [n for n in range(g0, g0 + group_size) if mask[t, n]]
+            values = [float(returns[t, n]) for n in members]
+            if len(values) < 2 or len(set(values)) == 1:
+                continue  # zero advantage
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+            for n, v in zip(members, values):
+                adv[t, n] = (v - mean) / (std + eps) if scale else v - mean
+    return adv
+
+
+def make_rollout(T=9, N=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(T, N, generator=g)
+    dones = torch.rand(T, N, generator=g) < 0.15
+    dones[:, [0, 5]] = False
+    dones[3, 0] = dones[6, 0] = True  # two dones in one env
+    dones[0, 5] = True  # done at the first step
+    dones[:, 8:12] = False  # a whole group alive throughout
+    dones[2, 8:12] = True  # ... then all done at once
+    return rewards, dones
+
+
+def test_returns_to_go_and_first_episode_mask_match_reference():
+    rewards, dones = make_rollout()
+    for gamma in (0.9, 0.99, 1.0):
+        torch.testing.assert_close(returns_to_go(rewards, dones, gamma).double(),
+                                   reference_returns(rewards, dones, gamma), rtol=1e-5, atol=1e-5)
+    mask = first_episode_mask(dones)
+    assert torch.equal(mask, reference_mask(dones))
+    assert mask[3, 0] and not mask[4, 0] and not mask[6, 0]  # data after the first done is masked out
+    assert mask[0, 5] and not mask[1:, 5].any()
+
+
+@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("eps", [1e-8, 1e-4, 0.5])
+def test_group_advantages_match_reference(scale, eps):
+    rewards, dones = make_rollout()
+    returns = returns_to_go(rewards, dones, 0.9)
+    returns[:, 4:8] = 0.3  # a group whose members all get the same return (e.g. all failed)
+    mask = first_episode_mask(dones)
+    mask[:, 1] = False  # a member never alive
+    adv, stats = group_advantages(returns, mask, 4, scale, eps)
+    ref = reference_advantages(returns, mask, 4, scale, eps)
+    torch.testing.assert_close(adv.double(), ref, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(adv).all()
+    assert (adv[~mask] == 0).all() and (adv[:, 4:8] == 0).all()
+    assert 0 < float(stats["zero_adv_group_frac"]) < 1 and float(stats["mean_group_std"]) > 0
+    # with every member alive and scaling, each group's advantages have mean 0 and (Bessel) std ~1
+    full, _ = group_advantages(returns, torch.ones_like(mask), 4, True, 1e-8)
+    live = full.reshape(-1, 3, 4)[:, [0, 2]]
+    torch.testing.assert_close(live.mean(-1), torch.zeros_like(live.mean(-1)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(live.std(-1), torch.ones_like(live.std(-1)), atol=1e-4, rtol=0)
+
+
+def test_group_advantages_degenerate_groups_are_zero_not_nan():
+    # returns whose mean is not exactly representable: (x - mean) would be ~1 ulp, not 0
+    returns = torch.tensor([[0.1, 0.1, 0.1, 0.1, 1.0, 2.0, 3.0, 4.0],
+                            [5.0, 7.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, True, True, False, False, False],    # single alive member
+                         [True, True, False, False, False, False, False, False]])  # all dead in group 2
+    adv, stats = group_advantages(returns, mask, 4, True, 1e-8)
+    assert torch.isfinite(adv).all()
+    assert (adv[0] == 0).all() and (adv[1, 2:] == 0).all()
+    torch.testing.assert_close(adv[1, :2], torch.tensor([-1.0, 1.0]) / math.sqrt(2), rtol=1e-5, atol=1e-6)
+    assert float(stats["zero_adv_group_frac"]) == pytest.approx(2 / 3)  # 3 cells with a live member, 2 zero
+    # a dead member's return changes nothing
+    returns2 = returns.clone()
+    returns2[1, 2] = 1e6
+    assert torch.equal(group_advantages(returns2, mask, 4, True, 1e-8)[0], adv)
+    # Dr. GRPO: centring only
+    adv_c, _ = group_advantages(returns, mask, 4, False, 1e-8)
+    torch.testing.assert_close(adv_c[1, :2], torch.tensor([-1.0, 1.0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Group resets
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ["PushCubeRL", "Pendulum-v1"])
+def test_group_resets_share_a_start(env_id):
+    env = make_env(env_id, num_envs=8, device="cpu", seed=3)
+    try:
+        for _ in range(2):  # fresh starts each reset, identical within each group of 4
+            obs, _ = env.reset(options={"group_size": 4})
+            groups = obs.reshape(2, 4, -1)
+            assert torch.equal(groups, groups[:, :1].expand_as(groups))
+            assert not torch.equal(groups[0, 0], groups[1, 0])
+            # the whole state is shared, not just the observation: equal actions keep the members equal
+            action = torch.rand(2, 1, env.single_action_space.shape[0]).expand(2, 4, -1).reshape(8, -1) * 2 - 1
+            for _ in range(3):
+                obs, reward, *_ = env.step(action)
+            assert torch.allclose(obs.reshape(2, 4, -1), obs.reshape(2, 4, -1)[:, :1], atol=1e-6)
+            assert torch.allclose(reward.reshape(2, 4), reward.reshape(2, 4)[:, :1], atol=1e-6)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_envs,group_size", [(6, 4), (8, 1), (8, 0)])
+def test_bad_group_size_is_one_line_naming_the_flag(tmp_path, num_envs, group_size):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, num_envs=num_envs, group_size=group_size))
+    assert "--group-size" in one_line_exit(excinfo)
+    assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_env_without_identical_starts_exits_with_one_line(tmp_path):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, env_id="GRPOToyNoSeed-v0"))
+    msg = one_line_exit(excinfo)
+    assert "--group-size 4" in msg and "identical" in msg
+    assert not any(tmp_path.iterdir())
+
+
+def test_non_finite_reward_names_the_tensor_and_global_step(tmp_path):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, env_id="GRPOToyNaN-v0"))
+    assert "non-finite reward" in one_line_exit(excinfo) and "global step 24" in str(excinfo.value.code)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process runs
+# ---------------------------------------------------------------------------------------------
+def read_scalars(run_dir: str) -> dict[str, list[float]]:
+    acc = EventAccumulator(run_dir)
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_smoke_run_then_resume_continues(tmp_path):
+    out = main(tiny_args(tmp_path))
+    run_dir = Path(out["run_dir"])
+    assert out["global_step"] == 3 * 8 * 50
+    scalars = read_scalars(str(run_dir))
+    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/success_rate", "charts/SPS",
+                "charts/learning_rate", "losses/policy_loss", "losses/entropy", "losses/approx_kl",
+                "losses/clipfrac", "grpo/zero_adv_group_frac", "grpo/mean_group_std", "grpo/kl_ref",
+                "grpo/mask_frac", "eval/success_rate", "eval/episodic_return"):
+        assert len(scalars[tag]) >= 1 and all(math.isfinite(v) for v in scalars[tag]), tag
+    assert len(scalars["charts/SPS"]) == 3 and scalars["charts/episodic_length"][0] == 50.0  # first episodes
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["script"] == "grpo" and summary["global_step"] == 1200
+    assert all(math.isfinite(v) for v in summary["train"].values())
+    assert summary["eval"]["success_rate"] is not None and summary["eval"]["global_step"] == 1200
+    last = run_dir / "checkpoints" / "last.pt"
+    assert last.is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["iteration"] == 3 and ckpt["env_id"] == "PushCubeRL"
+
+    out2 = main(tiny_args(tmp_path, total_timesteps=5 * 8 * 50, resume=str(last)))
+    assert out2["global_step"] == 5 * 8 * 50
+    scalars2 = read_scalars(out2["run_dir"])
+    assert len(scalars2["charts/SPS"]) == 2  # only iterations 4 and 5 ran
+    assert min(scalars2["charts/learning_rate"]) < min(scalars["charts/learning_rate"])  # schedule continues
+    assert torch.load(Path(out2["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)["iteration"] == 5
+
+    # refused: another env id, another obs/act shape, a missing file (one line each)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, env_id="Pendulum-v1", resume=str(last)))
+    assert "--resume" in one_line_exit(excinfo) and "PushCubeRL" in str(excinfo.value.code)
+    ckpt["obs_dim"] = 5
+    bad = tmp_path / "bad_shape.pt"
+    torch.save(ckpt, bad)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, resume=str(bad)))
+    assert "--resume" in one_line_exit(excinfo) and "dims" in str(excinfo.value.code)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, resume=str(tmp_path / "missing.pt")))
+    assert "no such file" in one_line_exit(excinfo)
+
+
+def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
+    common = dict(total_timesteps=5 * 8 * 50, save_freq=3, eval_freq=2)
+    straight = main(tiny_args(tmp_path / "a", **common))
+    half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
+    resumed = main(tiny_args(tmp_path / "b", resume=str(half), **common))
+    assert resumed["global_step"] == straight["global_step"] == 2000
+    a = torch.load(straight["checkpoint"], weights_only=True)
+    b = torch.load(resumed["checkpoint"], weights_only=True)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert [e.step for e in EventAccumulator(resumed["run_dir"]).Reload().Scalars("charts/SPS")] == [1600, 2000]
+
+
+def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = grpo.group_advantages
+
+    def ctrl_c_on_second_call(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(grpo, "group_advantages", ctrl_c_on_second_call)
+    previous = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, total_timesteps=10 * 8 * 50, save_freq=0, eval_freq=0))
+    assert excinfo.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is previous  # the handler is given back
+    (run_dir,) = tmp_path.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["global_step"] == 800 and summary["checkpoint"].endswith("last.pt")  # iteration 2 finished
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["iteration"] == 2
+
+
+def test_compiled_functions_agree_with_eager():
+    rewards, dones = make_rollout()
+    returns, mask = returns_to_go(rewards, dones, 0.9), first_episode_mask(dones)
+    eager = group_advantages(returns, mask, 4, True, 1e-4)
+    compiled = torch.compile(group_advantages)(returns, mask, 4, True, 1e-4)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled[1]["mean_group_std"], eager[1]["mean_group_std"])
+    actor = grpo.Actor(3, 2, (16,), -0.5)
+    g = torch.Generator().manual_seed(0)
+    mb = TensorDict(obs=torch.randn(40, 3, generator=g), action=torch.randn(40, 2, generator=g),
+                    logprob=torch.randn(40, generator=g) - 2, ref_logprob=torch.randn(40, generator=g) - 2,
+                    advantages=torch.randn(40, generator=g), mask=torch.rand(40, generator=g) < 0.7, batch_size=[40])
+    args = Args(kl_coef=0.3, ent_coef=0.01)
+    grads = []
+    for loss_fn in (grpo.grpo_loss, torch.compile(grpo.grpo_loss)):
+        actor.zero_grad()
+        loss, _ = loss_fn(actor, mb, args)
+        loss.backward()
+        grads.append([p.grad.clone() for p in actor.parameters()])
+    for e, c in zip(*grads):
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
+
+
+def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
+    """A ppo_continuous checkpoint (actor + critic) -> the reference policy and the initial policy."""
+    from cleanrl_embodied import ppo_continuous as ppo
+
+    agent = ppo.Agent(31, 7, ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))
+    torch.nn.init.normal_(agent.actor_mean[-1].weight, std=0.3)  # not what a fresh init would give
+    path = tmp_path / "ppo.pt"
+    ppo_ckpt = {"model": agent.state_dict(), "env_id": "PushCubeRL", "obs_dim": 31, "act_dim": 7, "args": {}}
+    torch.save(ppo_ckpt, path)
+    out = main(tiny_args(tmp_path, ref_checkpoint=str(path), kl_coef=0.5, learning_rate=1e-9, total_timesteps=400))
+    ckpt = torch.load(out["checkpoint"], weights_only=True)
+    assert set(ckpt["ref_model"]) == {k for k in agent.state_dict() if k.startswith("actor_")}
+    for key, value in ckpt["ref_model"].items():
+        torch.testing.assert_close(value, agent.state_dict()[key])
+        torch.testing.assert_close(ckpt["model"][key], value, atol=1e-5, rtol=0)
+    assert read_scalars(out["run_dir"])["grpo/kl_ref"][0] < 1e-6
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, ref_checkpoint=str(path), hidden_sizes=(16,)))
+    assert "--hidden-sizes" in one_line_exit(excinfo)
+    ppo_ckpt["args"]["norm_obs"] = True  # its actor expects normalized observations
+    torch.save(ppo_ckpt, path)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, ref_checkpoint=str(path)))
+    assert "--norm-obs" in one_line_exit(excinfo)
+
+
+def test_grpo_learns_the_toy_task(tmp_path):
+    """A real, short run: reward -(a - x)^2 -> the deterministic policy gets much closer to x."""
+    args = tiny_args(tmp_path, env_id="GRPOToy-v0", num_envs=64, group_size=8, total_timesteps=64 * 5 * 40,
+                     num_minibatches=4, update_epochs=4, eval_freq=0, save_freq=0, num_eval_envs=32,
+                     num_eval_episodes=32, learning_rate=3e-3, gamma=1.0)
+    out = main(args)
+    scalars = read_scalars(out["run_dir"])
+    # zero-mean policy: E[-5 x^2] = -5/3 per episode; a policy that learnt a ~ x is far better
+    assert out["eval"]["episodic_return"] > -0.5, out["eval"]
+    assert scalars["charts/episodic_return"][-1] > scalars["charts/episodic_return"][0] + 0.5
