@@ -17,6 +17,7 @@ Read top to bottom: `Args`, the `Actor`, four pure functions (`policy_step`, `re
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import signal
 import sys
@@ -59,6 +60,10 @@ class Args:
     # Environment
     env_id: str = "PushCubeRL"
     """the environment id: PushCubeRL or any Gymnasium id with a Box action space and seeded resets"""
+    env_kwargs: str = "{}"
+    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
+    eval_env_kwargs: str = "{}"
+    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
     num_envs: int = 256
     """number of parallel training environments (a multiple of --group-size)"""
     num_eval_envs: int = 64
@@ -69,6 +74,8 @@ class Args:
     """evaluate every this many iterations (0 disables periodic eval; a final eval always runs)"""
     eval_deterministic: bool = True
     """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
+    eval_checkpoint: str | None = None
+    """evaluate this grpo checkpoint (with video if --capture-video) and exit without training"""
     save_freq: int = 25
     """write checkpoints/last.pt every this many iterations (and always at the end)"""
 
@@ -105,6 +112,8 @@ class Args:
     """reference policy (and initial policy) from a grpo or ppo_continuous checkpoint; default: the initial policy"""
     max_grad_norm: float = 0.5
     """global gradient-norm clipping"""
+    max_consecutive_skips: int = 10
+    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
     target_kl: float | None = 0.1
     """stop the epoch loop early when the approximate KL exceeds this (None disables)"""
     hidden_sizes: tuple[int, ...] = (128, 128)
@@ -122,7 +131,7 @@ def fail(msg: str) -> None:
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     for name in ("num_envs", "total_timesteps", "num_minibatches", "update_epochs", "num_eval_envs",
-                 "num_eval_episodes"):
+                 "num_eval_episodes", "max_consecutive_skips"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.num_steps is not None and args.num_steps <= 0:
@@ -144,6 +153,12 @@ def validate(args: Args) -> None:
             fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
+    for name in ("env_kwargs", "eval_env_kwargs"):
+        try:
+            assert isinstance(json.loads(getattr(args, name)), dict)
+        except (json.JSONDecodeError, AssertionError):
+            fail(f"--{name.replace('_', '-')} must be a JSON object like '{{\"key\": 1.0}}', "
+                 f"got {getattr(args, name)!r}")
     try:
         check_env_id(args.env_id)
     except ValueError as e:
@@ -309,8 +324,19 @@ def evaluate(actor: Actor, env, num_episodes: int, deterministic: bool, seed: in
     return {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
 
 
+def build_env(args: Args, device: torch.device, num_envs: int, seed: int, kwargs_flag: str):
+    """make_env, with a bad keyword argument reported as one line naming the flag that carried it."""
+    try:
+        return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
+                        **json.loads(getattr(args, kwargs_flag)))
+    except (TypeError, ValueError) as e:
+        fail(f"--{kwargs_flag.replace('_', '-')} / --env-id {args.env_id}: {e}")
+
+
 def main(args: Args) -> dict:
     validate(args)
+    if args.eval_checkpoint:
+        return evaluate_checkpoint(args)
     resumed = load_checkpoint(args.resume, "--resume", args.env_id, True) if args.resume else None
     ref_ckpt = load_checkpoint(args.ref_checkpoint, "--ref-checkpoint", args.env_id, False) if args.ref_checkpoint \
         else None
@@ -322,7 +348,7 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = make_env(args.env_id, num_envs=args.num_envs, device=device, seed=args.seed)
+    envs = build_env(args, device, args.num_envs, args.seed, "env_kwargs")
 
     def group_reset(iteration: int) -> torch.Tensor:
         """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
@@ -369,7 +395,7 @@ def main(args: Args) -> dict:
             torch.cuda.set_rng_state_all(resumed["cuda_rng"])
     batch_size = args.num_envs * horizon
     num_iterations = max(1, args.total_timesteps // batch_size)
-    eval_envs = make_env(args.env_id, num_envs=args.num_eval_envs, device=device, seed=args.seed + 10_000)
+    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs")
 
     logger = RunLogger("grpo", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
                        output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
@@ -437,7 +463,7 @@ def main(args: Args) -> dict:
         eval_envs.close()
         fail(msg)
 
-    iteration = start_iteration
+    iteration, skipped, consecutive_skips = start_iteration, 0, 0
     next_eval, next_save = start_iteration + args.eval_freq, start_iteration + args.save_freq
     start_time, start_step = time.time(), global_step
     never = horizon + 1  # "no non-finite value seen" in first_bad
@@ -484,7 +510,6 @@ def main(args: Args) -> dict:
             batch["ref_logprob"] = ref_actor.dist(batch["obs"]).log_prob(batch["action"]).sum(-1)
 
         # ---- PPO-clip update over the masked samples ----
-        nonfinite = torch.zeros((), dtype=torch.bool, device=device)
         for _epoch in range(args.update_epochs):
             epoch_stats = []
             for idx in torch.randperm(batch_size, device=device).tensor_split(args.num_minibatches):
@@ -492,19 +517,24 @@ def main(args: Args) -> dict:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
-                nonfinite |= ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-                optimizer.step()
                 epoch_stats.append(stats)
+                if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # skip, count, maybe stop
+                    skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
+                    if consecutive_skips >= args.max_consecutive_skips:
+                        abort(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
+                              f"(last at global step {global_step}); lower --learning-rate or check the env")
+                    continue
+                consecutive_skips = 0
+                optimizer.step()
             stats = torch.stack(epoch_stats).mean(dim=0)
             if args.target_kl is not None and float(stats["approx_kl"]) > args.target_kl:
                 break
-        if bool(nonfinite):
-            abort(f"non-finite loss or gradient in the update at global step {global_step}")
 
         # ---- logging: one host sync per iteration ----
         sps = (global_step - start_step) / (time.time() - start_time)
         scalars = {f"losses/{k}": v for k, v in stats.items() if k != "kl_ref"}
         scalars.update({"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                        "charts/skipped_updates": skipped,
                         "grpo/kl_ref": stats["kl_ref"], "grpo/mask_frac": mask.float().mean(),
                         **{f"grpo/{k}": v for k, v in adv_stats.items()}})
         if float(ep_sums[0]) > 0:
@@ -540,6 +570,38 @@ def main(args: Args) -> dict:
     if stop["requested"]:
         sys.exit(130)
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
+
+
+def evaluate_checkpoint(args: Args) -> dict:
+    """--eval-checkpoint: evaluate a saved grpo policy on the eval envs (video if asked), write summary.json."""
+    ckpt = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", args.env_id, True)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs")
+    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    if (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
+        fail(f"--eval-checkpoint: the checkpoint has obs/act dims {ckpt['obs_dim']}/{ckpt['act_dim']}, "
+             f"{args.env_id} has {obs_dim}/{act_dim}")
+    actor = Actor(obs_dim, act_dim, tuple(ckpt["args"]["hidden_sizes"]), args.init_logstd).to(device)
+    actor.load_state_dict(ckpt["model"])
+    logger = RunLogger("grpo", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
+                       output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
+                       wandb_entity=args.wandb_entity, total_iterations=None)
+    frames = [] if args.capture_video else None
+    result = evaluate(actor, eval_envs, args.num_eval_episodes, args.eval_deterministic, args.seed + 10_000, frames)
+    result["global_step"] = ckpt["global_step"]
+    logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None},
+               ckpt["global_step"])
+    if frames and frames[0] is not None:
+        logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{ckpt['global_step']}",
+                           ckpt["global_step"])
+    elif frames is not None:
+        logger.write(f"warning: {args.env_id} cannot render here; no video")
+    logger.write(f"eval of {args.eval_checkpoint}: {result}")
+    logger.write_summary(global_step=ckpt["global_step"], wall_time_s=0.0, sps=0.0, eval=result,
+                         checkpoint=args.eval_checkpoint)
+    logger.close()
+    eval_envs.close()
+    return {"run_dir": str(logger.run_dir), "eval": result, "global_step": ckpt["global_step"], "checkpoint": None}
 
 
 if __name__ == "__main__":

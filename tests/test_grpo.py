@@ -367,3 +367,22 @@ def test_grpo_learns_the_toy_task(tmp_path):
     # zero-mean policy: E[-5 x^2] = -5/3 per episode; a policy that learnt a ~ x is far better
     assert out["eval"]["episodic_return"] > -0.5, out["eval"]
     assert scalars["charts/episodic_return"][-1] > scalars["charts/episodic_return"][0] + 0.5
+
+
+def test_eval_checkpoint_evaluates_without_training(tmp_path):
+    first = grpo.main(tiny_args(tmp_path / "a"))
+    last = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    out = grpo.main(tiny_args(tmp_path / "b", eval_checkpoint=str(last), capture_video=True))
+    run_dir = Path(out["run_dir"])
+    assert out["global_step"] == first["global_step"]
+    assert not list((run_dir / "checkpoints").glob("*.pt"))  # nothing trained, nothing saved
+    assert list((run_dir / "videos").glob("*.mp4"))
+    assert json.loads((run_dir / "summary.json").read_text())["eval"]["episodic_length"] > 0
+
+
+@pytest.mark.parametrize("flag, value", [("env_kwargs", "not json"), ("env_kwargs", '{"no_such_option": 1}'),
+                                         ("eval_env_kwargs", "[1, 2]")])
+def test_bad_env_kwargs_is_one_line_naming_the_flag(tmp_path, flag, value):
+    with pytest.raises(SystemExit) as e:
+        grpo.main(tiny_args(tmp_path, **{flag: value}))
+    assert f"--{flag.replace('_', '-')}" in one_line_exit(e)
