@@ -234,3 +234,20 @@ def test_default_ppo_learns_to_push_the_cube(tmp_path):
     out = ppo.main(ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0,
                             save_freq=0))
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
+
+
+def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path, monkeypatch):
+    seen = []
+    real_make_env = ppo.make_env
+
+    def recording_make_env(env_id, num_envs, **kwargs):
+        seen.append((num_envs, {k: v for k, v in kwargs.items() if k not in ("device", "seed")}))
+        return real_make_env(env_id, num_envs, **kwargs)
+
+    monkeypatch.setattr(ppo, "make_env", recording_make_env)
+    train_kwargs = {"push_friction_range": [0.5, 1.5], "cube_half_size_range": [0.015, 0.025],
+                    "randomize_interval": 5}
+    ppo.main(tiny_args(tmp_path, env_kwargs=json.dumps(train_kwargs)))
+    by_size = dict(seen)
+    assert by_size[8] == train_kwargs      # training envs (num_envs=8)
+    assert by_size[4] == {}                # eval envs (num_eval_envs=4): no randomization by default
