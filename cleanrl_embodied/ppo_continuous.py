@@ -355,15 +355,20 @@ def set_rng_state(state: dict) -> None:
 
 
 def load_checkpoint(path: str, args: Args) -> dict:
-    """Load with weights_only=True and refuse, in one line, a checkpoint that can't continue this run."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    def plain(v):
-        return list(v) if isinstance(v, (list, tuple)) else v
-
-    for key in ("env_id", "hidden_sizes", "norm_obs"):
-        if plain(ckpt["args"].get(key)) != plain(getattr(args, key)):
-            fail(f"{path} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}, this run has "
-                 f"{getattr(args, key)}; pass the same value")
+    """Load with weights_only=True and refuse, in one line, a checkpoint that can't serve this run
+    (a resume must also keep the env layout, whose state the checkpoint carries)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt_args = ckpt["args"]
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user mistake
+        fail(f"{path} is not a readable ppo_continuous checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})")
+    keys = ("env_id", "hidden_sizes", "norm_obs") + (("num_envs", "num_steps") if args.resume else ())
+    for key in keys:
+        theirs, ours = ckpt_args.get(key), getattr(args, key)
+        if (list(theirs) if isinstance(theirs, (list, tuple)) else theirs) != (
+                list(ours) if isinstance(ours, tuple) else ours):
+            fail(f"{path} was trained with --{key.replace('_', '-')} {theirs}, this run has {ours}; "
+                 "pass the same value")
     return ckpt
 
 

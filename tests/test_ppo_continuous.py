@@ -251,3 +251,16 @@ def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path, m
     by_size = dict(seen)
     assert by_size[8] == train_kwargs      # training envs (num_envs=8)
     assert by_size[4] == {}                # eval envs (num_eval_envs=4): no randomization by default
+
+
+def test_resume_refuses_another_env_layout_and_unreadable_files(tmp_path):
+    first = ppo.main(tiny_args(tmp_path / "a"))
+    last = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path / "b", num_envs=16, resume=str(last)))
+    assert "--num-envs" in str(e.value.code) and "\n" not in str(e.value.code)
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(last.read_bytes()[:100])  # a file cut short
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path / "c", resume=str(broken)))
+    assert "not a readable" in str(e.value.code) and "\n" not in str(e.value.code)
