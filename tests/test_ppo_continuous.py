@@ -264,3 +264,52 @@ def test_resume_refuses_another_env_layout_and_unreadable_files(tmp_path):
     with pytest.raises(SystemExit) as e:
         ppo.main(tiny_args(tmp_path / "c", resume=str(broken)))
     assert "not a readable" in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+def test_running_mean_std_merges_batches_like_one_big_batch():
+    torch.manual_seed(0)
+    rms = ppo.RunningMeanStd((3,))
+    chunks = [torch.randn(n, 3) * torch.tensor([1.0, 5.0, 0.1]) + 3.0 for n in (7, 100, 1, 33)]
+    for chunk in chunks:
+        rms.update(chunk)
+    x = torch.cat(chunks).double()
+    # the normalizer starts from a pseudo-sample of weight 1e-4 with mean 0 and variance 1
+    prior, total = 1e-4, 1e-4 + x.shape[0]
+    mean = x.sum(0) / total
+    var = (prior * (1.0 + 0.0**2) + (x**2).sum(0)) / total - mean**2
+    torch.testing.assert_close(rms.mean, mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(rms.var, var, rtol=1e-8, atol=1e-10)
+    assert rms.mean.dtype == torch.float64 and rms.count == pytest.approx(total)
+
+
+def test_non_finite_loss_steps_are_skipped_counted_and_eventually_stop(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_loss = ppo.ppo_loss
+
+    def every_third_loss_is_nan(agent, mb, args):
+        loss, stats = real_loss(agent, mb, args)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] % 3 == 0 else loss), stats
+
+    monkeypatch.setattr(ppo, "ppo_loss", every_third_loss_is_nan)
+    out = ppo.main(tiny_args(tmp_path / "a"))  # 4 iterations x 2 epochs x 2 minibatches = 16 steps, 5 NaN
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["train"]["charts/skipped_updates"] == 5
+    ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())  # NaN never reached the weights
+
+    def always_nan_loss(agent, mb, args):
+        loss, stats = real_loss(agent, mb, args)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(ppo, "ppo_loss", always_nan_loss)
+    with pytest.raises(SystemExit) as e:
+        ppo.main(tiny_args(tmp_path / "b", max_consecutive_skips=3))
+    assert "3 optimizer steps in a row" in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+def test_capture_video_on_an_env_that_cannot_render_warns_once_and_trains(tmp_path, capsys):
+    out = ppo.main(tiny_args(tmp_path, env_id="Pendulum-v1", capture_video=True, eval_freq=1))
+    assert out["global_step"] == 320
+    assert capsys.readouterr().out.count("cannot render") == 1
+    assert not list(Path(out["run_dir"]).glob("videos/*.mp4"))
