@@ -5,24 +5,30 @@ data are torch tensors on ``device`` (see "The env contract" in ``CONVENTIONS.md
 
 - ``"PushCubeRL"``: the built-in batched torch task, registered with Gymnasium on import, so
   ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too.
-- any other registered Gymnasium id with a Box action space: numpy sub-envs (SAME_STEP autoreset) ->
-  clip + rescale actions so the policy acts in [-1, 1] -> :class:`GymnasiumToTorch`
-  -> :class:`FlattenDictObservation` for Dict observations -> :class:`EpisodeStatistics`.
+- ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): see :mod:`.maniskill`.
+- any other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
+  sub-envs (SAME_STEP autoreset, ``vectorization="sync"`` or ``"async"``, ``render_mode="rgb_array"`` where
+  the env has it) -> :func:`numpy_vector_to_torch` (clip + rescale actions so the policy acts in [-1, 1],
+  :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict observations, :class:`EpisodeStatistics`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.wrappers.vector import RescaleAction, TransformAction
 
+from cleanrl_embodied.shared.envs.maniskill import is_maniskill_id
 from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
     FlattenDictObservation,
-    GymnasiumToTorch,
     IntervalRandomization,
+    SafeRender,
+    numpy_vector_to_torch,
 )
 
 __all__ = ["BUILTIN_ENV_IDS", "check_env_id", "make_env"]
@@ -44,10 +50,10 @@ if "PushCubeRL" not in gym.registry:  # importing this module twice (or reloadin
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise a one-line ``ValueError`` if ``env_id`` is neither built in nor a registered Gymnasium id."""
-    if env_id in BUILTIN_ENV_IDS or env_id in gym.registry:
+    """Raise a one-line ``ValueError`` if ``env_id`` is neither built in, nor a registered Gymnasium id, nor a
+    ManiSkill id (checked only when ``mani_skill`` is installed; importing it takes a few seconds)."""
+    if env_id in BUILTIN_ENV_IDS or env_id in gym.registry or is_maniskill_id(env_id):
         return
-    # ManiSkill ids: accepted here once the ManiSkill adapter exists (separate issue).
     raise ValueError(
         f"--env-id {env_id!r} is unknown: use a built-in id ({', '.join(BUILTIN_ENV_IDS)}) or any registered "
         "Gymnasium id (e.g. Pendulum-v1); MuJoCo ids need `uv sync --extra mujoco`, "
@@ -65,7 +71,9 @@ def make_env(
     """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``.
 
     ``seed`` seeds the first ``reset()`` called with ``seed=None``. ``env_kwargs`` go to the env constructor;
-    for Gymnasium ids, ``vectorization="async"`` selects ``AsyncVectorEnv`` (default ``"sync"``);
+    for Gymnasium and CPU ManiSkill ids, ``vectorization="async"`` selects ``AsyncVectorEnv`` (default
+    ``"sync"``); for Gymnasium ids ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
+    builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
@@ -80,12 +88,25 @@ def make_env(
         env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if isinstance(env.single_observation_space, gym.spaces.Dict):
             env = FlattenDictObservation(env)
+    elif is_maniskill_id(env_id):
+        from cleanrl_embodied.shared.envs.maniskill import make_maniskill_env
+
+        env = make_maniskill_env(env_id, num_envs, device, seed, **env_kwargs)
     else:
-        # ManiSkill ids (GPU-batched torch envs) get their own branch here (separate issue).
         env = _make_gymnasium_env(env_id, num_envs, device, seed, **env_kwargs)
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
+
+
+def _offers_rgb_array(env_id: str) -> bool:
+    """Whether the env class behind a Gymnasium id lists "rgb_array" among its render modes."""
+    try:
+        entry_point = gym.spec(env_id).entry_point
+        creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+        return "rgb_array" in (getattr(creator, "metadata", None) or {}).get("render_modes", ())
+    except Exception:  # a missing dependency is reported by make_vec itself, with its own message
+        return False
 
 
 def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, **env_kwargs) -> VectorEnv:
@@ -93,12 +114,15 @@ def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, **
     vectorization = env_kwargs.pop("vectorization", "sync")
     if vectorization not in ("sync", "async"):
         raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+    if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
+        env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
     try:
         env = gym.make_vec(
             env_id,
             num_envs=num_envs,
             vectorization_mode=vectorization,
             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            wrappers=[SafeRender],  # render() never raises, in async workers too
             **env_kwargs,
         )
     except gym.error.DependencyNotInstalled as e:
@@ -107,28 +131,6 @@ def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, **
             f"--env-id {env_id!r} needs a package that is not installed ({reason}); "
             "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`"
         ) from None
-
-    try:
-        space = env.single_action_space
-        if not isinstance(space, gym.spaces.Box):
-            raise ValueError(
-                f"--env-id {env_id!r} has a {type(space).__name__} action space; "
-                "make_env supports continuous (Box) action spaces only"
-            )
-        # Actions: clip to the env's bounds (innermost, so the env never sees an out-of-bound action,
-        # rounding included), then let RescaleAction map the policy's [-1, 1] onto those bounds.
-        # Gymnasium's ClipAction would do the clip but declares an infinite action space, after which
-        # RescaleAction can't be applied and the trainer would not see [-1, 1]; TransformAction keeps
-        # the space.
-        low, high = space.low, space.high
-        env = TransformAction(env, func=lambda actions: np.clip(actions, low, high))
-        if np.all(np.isfinite(low) & np.isfinite(high)):  # unbounded actions stay in the env's own scale
-            ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
-            env = RescaleAction(env, min_action=-ones, max_action=ones)
-        env = GymnasiumToTorch(env, device=device, seed=seed)
-        if isinstance(env.single_observation_space, gym.spaces.Dict):
-            env = FlattenDictObservation(env)
-    except ValueError:
-        env.close()
-        raise
-    return EpisodeStatistics(env)
+    if env_kwargs.get("max_episode_steps") and env.spec is not None:  # make_vec keeps the registered limit
+        env.spec = dataclasses.replace(env.spec, max_episode_steps=int(env_kwargs["max_episode_steps"]))
+    return numpy_vector_to_torch(env, device=device, seed=seed)

@@ -1,7 +1,11 @@
 """Torch vector-env wrappers that turn any env into the project's env contract.
 
+- :func:`numpy_vector_to_torch`: a numpy Gymnasium vector env -> the full contract (actions clipped and rescaled,
+  :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict spaces, :class:`EpisodeStatistics`).
 - :class:`GymnasiumToTorch`: a numpy Gymnasium vector env (SAME_STEP autoreset) -> torch tensors on a device,
   with a dense ``info["final_obs"]``, a correct ``info["success"]`` and group resets for GRPO.
+- :class:`RenderFirstEnv`, :class:`SafeRender`: ``render()`` gives the first sub-env's frame, or ``None`` with one
+  warning, and never raises.
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
 - :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device.
 
@@ -10,6 +14,8 @@ See ``CONVENTIONS.md`` ("The env contract") and ``docs/INTERFACES.md``.
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -17,6 +23,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.wrappers.vector import RescaleAction, TransformAction
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs
@@ -108,6 +115,95 @@ class FlattenDictObservation(VectorWrapper):
         return flatten_obs(obs), reward, terminated, truncated, info
 
 
+def first_frame(frames: Any) -> np.ndarray | None:
+    """The first RGB frame of what a (vector) env's ``render()`` returned, as uint8 ``[H, W, 3]``; else None.
+
+    Accepts one frame ``[H, W, 3|4]`` or a batch ``[N, H, W, 3|4]`` (numpy or torch), or a list/tuple of
+    frames (a Gymnasium vector env's ``render()``); float frames are taken to be in [0, 1].
+    """
+    if isinstance(frames, (list, tuple)):
+        frames = frames[0] if len(frames) else None
+    if frames is None:
+        return None
+    if isinstance(frames, torch.Tensor):  # e.g. ManiSkill's batch on the GPU: copy only the first frame
+        frames = (frames[0] if frames.ndim == 4 else frames).detach().cpu().numpy()
+    frame = np.asarray(frames)
+    if frame.ndim == 4:
+        frame = frame[0]
+    if frame.ndim != 3 or frame.shape[-1] not in (3, 4) or frame.dtype.kind not in "biuf":
+        return None
+    frame = frame[..., :3]
+    if frame.dtype.kind == "f":
+        frame = np.clip(frame, 0.0, 1.0) * 255.0
+    return np.ascontiguousarray(np.clip(frame, 0, 255).astype(np.uint8))
+
+
+MUJOCO_RENDER_HINT = "; MuJoCo renders headless with MUJOCO_GL=egl (libegl1) or MUJOCO_GL=osmesa (libosmesa6)"
+
+
+def _warn_cannot_render(name: str, error: BaseException | str, hint: str = "") -> None:
+    reason = error if isinstance(error, str) else f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    warnings.warn(f"{name} cannot render here ({reason[:200]}); render() returns None{hint}", RuntimeWarning,
+                  stacklevel=3)
+
+
+class SafeRender(gym.Wrapper):
+    """A single env whose ``render()`` never raises: where it can't render it warns once, with the reason, in
+    the process that owns the env (an async worker too, which would otherwise die), and returns None from then
+    on. Without a display it first defaults ``MUJOCO_GL`` to ``egl`` (Gymnasium's MuJoCo renderer would pick
+    GLFW and fail), at render time and not at import time, because ``import mujoco`` itself reads MUJOCO_GL.
+    """
+
+    def __init__(self, env: gym.Env, hint: str | None = None):
+        super().__init__(env)
+        is_mujoco = "mujoco" in type(env.unwrapped).__module__
+        self.hint = hint if hint is not None else MUJOCO_RENDER_HINT if is_mujoco else ""
+        self.cannot_render = False
+
+    def render(self):
+        if self.cannot_render:
+            return None
+        if not any(os.environ.get(k) for k in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")):
+            os.environ["MUJOCO_GL"] = "egl"
+        try:
+            frame = self.env.render()
+            error = None if frame is not None else f"render_mode={self.env.render_mode!r} gives no frame"
+        except Exception as e:  # any renderer failure means "no video", never a crash
+            frame, error = None, e
+        if error is not None:
+            self.cannot_render = True
+            _warn_cannot_render(self.spec.id if self.spec is not None else type(self.unwrapped).__name__,
+                                error, self.hint)
+        return frame
+
+
+class RenderFirstEnv(VectorWrapper):
+    """Base of the adapters: ``render()`` returns the first sub-env's RGB frame (uint8 ``[H, W, 3]``) or None.
+
+    It never raises: an exception from the renderer is reported once (reason and ``render_hint``) and render()
+    returns None from then on, which the trainers read as "no video" (they say so themselves). Subclasses
+    say how to get the frames (``_render_frames``).
+    """
+
+    render_hint = ""
+    """appended to the warning, e.g. how to enable headless rendering"""
+    _render_failed = False
+
+    def _render_frames(self) -> Any:
+        return self.env.render()
+
+    def render(self) -> np.ndarray | None:
+        if self._render_failed:
+            return None
+        try:
+            return first_frame(self._render_frames())
+        except Exception as e:  # any renderer failure means "no video", never a crash
+            self._render_failed = True
+            _warn_cannot_render(self.spec.id if self.spec is not None else type(self.unwrapped).__name__,
+                                e, self.render_hint)
+            return None
+
+
 def _float32_space(space: gym.Space) -> gym.Space:
     """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype)."""
     if isinstance(space, gym.spaces.Dict):
@@ -126,14 +222,15 @@ def _numpy_leaves(obs) -> list[np.ndarray]:
     return [np.asarray(obs)]
 
 
-class GymnasiumToTorch(VectorWrapper):
+class GymnasiumToTorch(RenderFirstEnv):
     """A numpy Gymnasium vector env (SAME_STEP autoreset) seen through the torch env contract.
 
     Outputs are on ``device``: obs float32 (Dict spaces -> TensorDict, see :class:`FlattenDictObservation`),
     reward float32 ``[N]``, terminated/truncated bool ``[N]``; actions may be torch tensors on any device.
     ``info`` holds only tensors (and dicts of tensors): a dense ``final_obs`` plus ``_final_obs``,
     ``success`` (bool ``[N]``) once the sub-envs have reported ``"success"`` or ``"is_success"``, and the
-    other numeric info arrays converted; object arrays and ``final_info`` are dropped.
+    other numeric info arrays converted; object arrays and ``final_info`` are dropped. ``render()`` renders only
+    the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
 
     Why not ``gymnasium.wrappers.vector.NumpyToTorch`` (gymnasium 1.x)? It needs the optional
     ``array_api_compat`` package (not installed with gymnasium's base requirements), and it converts every
@@ -147,6 +244,8 @@ class GymnasiumToTorch(VectorWrapper):
         seed: used by the first ``reset()`` that gets ``seed=None``, and to seed the generator that draws
             fresh group seeds for ``reset(options={"group_size": G})``.
     """
+
+    render_hint = MUJOCO_RENDER_HINT
 
     def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None):
         super().__init__(env)
@@ -162,6 +261,10 @@ class GymnasiumToTorch(VectorWrapper):
         self._first_reset = True
         self._rng = np.random.default_rng(seed)
         self._success_key: str | None = None  # "success" or "is_success", once a sub-env reported it
+
+    def _render_frames(self):
+        sub_envs = getattr(self.env.unwrapped, "envs", None)  # SyncVectorEnv: render the first sub-env only
+        return sub_envs[0].render() if sub_envs else self.env.render()  # async: every worker renders
 
     # ---- conversions -------------------------------------------------------------------------------
     def _obs_to_torch(self, obs) -> torch.Tensor | TensorDict:
@@ -286,6 +389,38 @@ class GymnasiumToTorch(VectorWrapper):
             torch.as_tensor(truncated, dtype=torch.bool, device=self.device),
             out,
         )
+
+
+def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None) -> VectorEnv:
+    """A numpy vector env (SAME_STEP autoreset, Box actions) -> the torch env contract.
+
+    Actions are clipped to the env's bounds (innermost, so the env never sees an out-of-bound action, rounding
+    included), then ``RescaleAction`` maps the policy's [-1, 1] onto those bounds (unbounded actions keep the
+    env's own scale). Gymnasium's ``ClipAction`` would do the clip but declares an infinite action space, after
+    which ``RescaleAction`` can't be applied; ``TransformAction`` keeps the space. Then :class:`GymnasiumToTorch`,
+    :class:`FlattenDictObservation` for Dict observations and :class:`EpisodeStatistics`. A non-Box action
+    space raises a one-line ValueError (and closes ``env``).
+    """
+    try:
+        space = env.single_action_space
+        if not isinstance(space, gym.spaces.Box):
+            name = env.spec.id if env.spec is not None else type(env).__name__
+            raise ValueError(
+                f"--env-id {name!r} has a {type(space).__name__} action space; "
+                "make_env supports continuous (Box) action spaces only"
+            )
+        low, high = space.low, space.high
+        env = TransformAction(env, func=lambda actions: np.clip(actions, low, high))
+        if np.all(np.isfinite(low) & np.isfinite(high)):
+            ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
+            env = RescaleAction(env, min_action=-ones, max_action=ones)
+        env = GymnasiumToTorch(env, device=device, seed=seed)
+        if isinstance(env.single_observation_space, gym.spaces.Dict):
+            env = FlattenDictObservation(env)
+    except ValueError:
+        env.close()
+        raise
+    return EpisodeStatistics(env)
 
 
 class IntervalRandomization(VectorWrapper):

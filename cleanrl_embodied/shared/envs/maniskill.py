@@ -1,0 +1,278 @@
+"""ManiSkill3 ids (extra ``maniskill``: ``PushCube-v1``, ``PickCube-v1``, ...) behind the torch env contract.
+
+``make_env`` sends ManiSkill ids here (:func:`make_maniskill_env`). Defaults: ``obs_mode="state"``,
+``reward_mode="normalized_dense"``, ``render_mode="rgb_array"`` where a rendering device exists; every other
+env kwarg goes to ManiSkill's ``gym.make`` (``control_mode``, ``max_episode_steps``, ``sim_backend`` ...).
+Two adapter-level kwargs: ``ignore_terminations`` (ManiSkill's: episodes end only at the time limit) and, for
+the CPU backend, ``vectorization`` (``"sync"``/``"async"``).
+
+- GPU simulation (``sim_backend="physx_cuda"``, the default when ``device`` is CUDA): ManiSkill's own
+  ``ManiSkillVectorEnv`` (SAME_STEP autoreset through partial resets) -> :class:`ManiSkillToTorch`.
+- CPU simulation (``physx_cpu``, the default otherwise; ManiSkill allows one env per CPU scene): ``num_envs``
+  single envs behind ManiSkill's ``CPUGymWrapper`` in a Gymnasium ``SyncVectorEnv``/``AsyncVectorEnv`` ->
+  the same numpy path as every Gymnasium id (:func:`~.wrappers.numpy_vector_to_torch`).
+
+Without a rendering device (no GPU / Vulkan driver), SAPIEN can't create even the render *materials* that
+ManiSkill's scene builders make unconditionally, although nothing is ever drawn with them. Then this module
+switches ManiSkill to ``render_backend="none"`` and replaces SAPIEN's material/texture classes with inert
+records (see :func:`_render_free_sapien`), so state-only training runs; ``render()`` returns None (one warning).
+Nothing here imports ``mani_skill`` before it is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.utils import batch_space
+from tensordict import TensorDict
+
+from cleanrl_embodied.shared.envs.wrappers import (
+    EpisodeStatistics,
+    FlattenDictObservation,
+    RenderFirstEnv,
+    SafeRender,
+    _float32_space,
+    numpy_vector_to_torch,
+)
+
+__all__ = ["ManiSkillToTorch", "is_maniskill_id", "make_maniskill_env", "maniskill_vector_to_torch"]
+
+MANISKILL_DEFAULTS = {"obs_mode": "state", "reward_mode": "normalized_dense"}
+MANISKILL_RENDER_HINT = "; ManiSkill (SAPIEN) renders only with a Vulkan-capable GPU driver"
+
+
+# ---- which ids are ManiSkill's -------------------------------------------------------------------------
+def _from_maniskill(spec: gym.envs.registration.EnvSpec) -> bool:
+    """A Gymnasium spec that ManiSkill registered (its entry points are partials of ``mani_skill`` functions)."""
+    for entry_point in (spec.entry_point, spec.vector_entry_point):
+        if isinstance(entry_point, str):
+            module = entry_point.split(":")[0]
+        else:
+            module = getattr(getattr(entry_point, "func", entry_point), "__module__", None) or ""
+        if module.split(".")[0] == "mani_skill":
+            return True
+    return False
+
+
+def is_maniskill_id(env_id: str) -> bool:
+    """True for ids registered by ManiSkill. Imports ``mani_skill.envs`` (seconds) only for an id Gymnasium
+    doesn't know yet, and only when ``mani_skill`` is installed."""
+    spec = gym.registry.get(env_id)
+    if spec is None and importlib.util.find_spec("mani_skill") is not None:
+        _import_maniskill()
+        spec = gym.registry.get(env_id)
+    return spec is not None and _from_maniskill(spec)
+
+
+def _import_maniskill() -> None:
+    """Import ``mani_skill.envs``, which registers every ManiSkill id with Gymnasium; failures in one line."""
+    try:
+        importlib.import_module("mani_skill.envs")
+    except Exception as e:
+        reason = (str(e).splitlines() or [""])[0]
+        raise ValueError(f"mani_skill is installed but can't be imported ({type(e).__name__}: {reason})") from None
+
+
+# ---- running without a rendering device -----------------------------------------------------------------
+@functools.cache
+def sapien_can_render() -> bool:
+    """Whether SAPIEN finds a rendering (Vulkan) device in this process; probed once (warning once if not)."""
+    import sapien
+
+    try:
+        sapien.render.RenderMaterial()
+    except RuntimeError:  # "failed to find a rendering device", vk::...ErrorIncompatibleDriver
+        warnings.warn("ManiSkill: SAPIEN finds no rendering (Vulkan) device here; running physics only "
+                      "(render_backend='none', state observations, no videos)", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+class _InertRenderRecord:
+    """Stands in for SAPIEN's ``RenderMaterial`` / ``RenderTexture2D`` where no rendering device exists: it
+    keeps what it is given and is never drawn (ManiSkill builds no render bodies when its scene can't render)."""
+
+    def __init__(self, *args, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+# Modules that hold their own reference to SAPIEN's material/texture classes (``from ... import RenderMaterial``).
+_SAPIEN_RENDER_MODULES = ("sapien.render", "sapien.pysapien.render", "sapien.wrapper.urdf_loader",
+                          "mani_skill.utils.building._mjcf_loader")
+
+
+def _render_free_sapien() -> None:
+    """Make SAPIEN's material/texture constructors inert, for a process that can't render anyway (where they
+    would raise "failed to find a rendering device"). Idempotent; called in every (sub)process that builds an env."""
+    for name in _SAPIEN_RENDER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for attr in ("RenderMaterial", "RenderTexture2D"):
+            if hasattr(module, attr):
+                setattr(module, attr, _InertRenderRecord)
+
+
+# ---- the GPU path: ManiSkillVectorEnv -> contract ---------------------------------------------------------
+class ManiSkillToTorch(RenderFirstEnv):
+    """A ManiSkill-style torch vector env seen through the torch env contract.
+
+    The wrapped env follows ``mani_skill.vector.wrappers.gymnasium.ManiSkillVectorEnv`` (auto_reset=True): torch
+    obs/reward/terminated/truncated on the sim device; when some envs finish it resets just those
+    (``reset(options={"env_idx": ...})``) and returns the new episodes' obs, with ``info`` = the *reset* info plus
+    ``final_observation`` (the whole batch before the reset) and ``final_info`` (the whole step info), masked
+    by ``_final_observation`` / ``_final_info``. Here, for every step:
+
+    - ``info["final_obs"]`` = ``final_observation`` (dense, ``[N, ...]``) or a copy of obs; ``_final_obs`` =
+      terminated | truncated;
+    - ``info["success"]`` (bool) and the other ``[N]`` info tensors come from the step's own info (``final_info``
+      where it exists), so a finished env reports the success of its final state, not of its new episode;
+    - actions in [-1, 1] are clipped and rescaled to the env's bounds (unbounded spaces: passed unchanged) and
+      moved to the sim device; outputs are moved to ``device``;
+    - ``reset(options={"group_size": G})`` with G > 1 raises (ManiSkill's batched reset draws each env's start
+      from one random stream; identical group starts are not available).
+    """
+
+    render_hint = MANISKILL_RENDER_HINT
+
+    def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None):
+        super().__init__(env)
+        self.device = torch.device(device)
+        self._seed, self._first_reset = seed, True
+        space = env.single_action_space
+        if not isinstance(space, gym.spaces.Box):
+            name = env.spec.id if env.spec is not None else type(env).__name__
+            raise ValueError(f"--env-id {name!r} has a {type(space).__name__} action space; "
+                             "make_env supports continuous (Box) action spaces only")
+        self._low = torch.as_tensor(space.low, dtype=torch.float32)
+        self._high = torch.as_tensor(space.high, dtype=torch.float32)
+        self._rescale = bool(np.all(np.isfinite(space.low) & np.isfinite(space.high)))
+        if self._rescale:
+            self.single_action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
+            self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.single_observation_space = _float32_space(env.single_observation_space)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+    # ---- conversions -------------------------------------------------------------------------------
+    def _obs(self, obs) -> torch.Tensor | TensorDict:
+        if isinstance(obs, dict):
+            return TensorDict(obs, batch_size=[self.num_envs]).to(self.device, dtype=torch.float32)
+        return torch.as_tensor(obs).to(self.device, dtype=torch.float32)
+
+    def _info(self, info: dict) -> dict:
+        """``[N]`` numeric/bool tensors of a step info (float64 -> float32, ``success`` -> bool); the rest dropped."""
+        out = {}
+        for key, value in info.items():
+            if key.startswith("_") or key in ("final_observation", "final_info"):
+                continue
+            if isinstance(value, torch.Tensor) and value.shape == (self.num_envs,) and not value.is_complex():
+                value = value.to(self.device)
+                out[key] = value.bool() if key == "success" else value.float() if value.is_floating_point() else value
+        return out
+
+    def _actions(self, actions) -> torch.Tensor:
+        actions = torch.as_tensor(actions, dtype=torch.float32)
+        low, high = self._low.to(actions.device), self._high.to(actions.device)
+        if self._rescale:
+            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * (0.5 * (high - low))
+        sim_device = getattr(self.env.unwrapped, "device", actions.device)
+        return torch.minimum(torch.maximum(actions, low), high).to(sim_device)
+
+    # ---- VectorEnv API -----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        options = dict(options) if options else {}
+        group_size = options.pop("group_size", None)
+        if group_size is not None and group_size != 1:
+            name = self.env.spec.id if self.env.spec is not None else "this ManiSkill env"
+            raise ValueError(f"reset(options={{'group_size': {group_size}}}): {name} on the GPU backend can't give "
+                             "identical group starts; use sim_backend='physx_cpu' (seeded sub-envs) or PushCubeRL")
+        if seed is None and self._first_reset:
+            seed = self._seed
+        obs, info = self.env.reset(seed=seed, options=options or None)
+        self._first_reset = False
+        info = self._info(info)
+        info.pop("success", None)  # a reset describes no transition
+        return self._obs(obs), info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(self._actions(actions))
+        obs_t = self._obs(obs)
+        out = self._info(info.get("final_info", info))  # after a partial reset, `info` is the new episodes'
+        out["final_obs"] = self._obs(info["final_observation"]) if "final_observation" in info else obs_t.clone()
+        terminated = torch.as_tensor(terminated).to(self.device, dtype=torch.bool).reshape(self.num_envs)
+        truncated = torch.as_tensor(truncated).to(self.device, dtype=torch.bool).reshape(self.num_envs)
+        out["_final_obs"] = terminated | truncated
+        reward = torch.as_tensor(reward).to(self.device, dtype=torch.float32).reshape(self.num_envs)
+        return obs_t, reward, terminated, truncated, out
+
+
+def maniskill_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None):
+    """A ManiSkillVectorEnv-like env -> :class:`ManiSkillToTorch` (+ flatten for Dict obs) + episode statistics."""
+    env = ManiSkillToTorch(env, device=device, seed=seed)
+    if isinstance(env.single_observation_space, gym.spaces.Dict):
+        env = FlattenDictObservation(env)
+    return EpisodeStatistics(env)
+
+
+# ---- make_env's ManiSkill branch ---------------------------------------------------------------------------
+def _cpu_sub_env(env_id: str, kwargs: dict, ignore_terminations: bool, render_free: bool) -> gym.Env:
+    """One ManiSkill env on the CPU backend as a plain numpy Gymnasium env (runs in async workers too)."""
+    _import_maniskill()
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    if render_free:
+        _render_free_sapien()
+    env = CPUGymWrapper(gym.make(env_id, num_envs=1, **kwargs), ignore_terminations=ignore_terminations)
+    return SafeRender(env, hint=MANISKILL_RENDER_HINT)
+
+
+def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
+                       **env_kwargs) -> VectorEnv:
+    """``num_envs`` copies of a ManiSkill id behind the torch env contract (see the module docstring)."""
+    _import_maniskill()
+    vectorization = env_kwargs.pop("vectorization", "sync")
+    if vectorization not in ("sync", "async"):
+        raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+    ignore_terminations = bool(env_kwargs.pop("ignore_terminations", False))
+    kwargs = {**MANISKILL_DEFAULTS, **env_kwargs}
+    on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    kwargs.setdefault("sim_backend", "physx_cuda" if on_cuda else "physx_cpu")
+    gpu_sim = kwargs["sim_backend"] not in ("cpu", "physx_cpu")
+
+    render_free = not sapien_can_render()
+    if render_free:
+        _render_free_sapien()
+        kwargs.update(render_backend="none", render_mode=None)
+    else:
+        kwargs.setdefault("render_mode", "rgb_array")
+
+    if gpu_sim:
+        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+        env = ManiSkillVectorEnv(gym.make(env_id, num_envs=num_envs, **kwargs), auto_reset=True,
+                                 ignore_terminations=ignore_terminations, record_metrics=False)
+        _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
+        return maniskill_vector_to_torch(env, device=device, seed=seed)
+    make_one = functools.partial(_cpu_sub_env, env_id, kwargs, ignore_terminations, render_free)
+    vector_cls = SyncVectorEnv if vectorization == "sync" else AsyncVectorEnv
+    env = vector_cls([make_one] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+    _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
+    return numpy_vector_to_torch(env, device=device, seed=seed)
+
+
+def _declare_time_limit(env: VectorEnv, env_id: str, max_episode_steps: int | None) -> None:
+    """Give the vector env a spec whose ``max_episode_steps`` is ManiSkill's limit (ManiSkill enforces it in its
+    own wrapper; a SyncVectorEnv has no spec), so that trainers that read it (GRPO's horizon) see it."""
+    spec = env.spec if env.spec is not None else gym.spec(env_id)
+    steps = max_episode_steps or spec.max_episode_steps or gym.spec(env_id).max_episode_steps
+    env.spec = dataclasses.replace(spec, max_episode_steps=steps)

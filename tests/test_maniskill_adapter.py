@@ -1,0 +1,290 @@
+"""The ManiSkill3 adapter: its mapping onto the env contract, checked on a tiny fake that mimics
+ManiSkillVectorEnv's API (always runs), and on real ManiSkill where the `maniskill` extra is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from cleanrl_embodied.shared import check_env_id, make_env
+from cleanrl_embodied.shared.envs import maniskill
+
+HAS_MANISKILL = importlib.util.find_spec("mani_skill") is not None
+needs_maniskill = pytest.mark.skipif(not HAS_MANISKILL, reason="needs the maniskill extra: uv sync --extra maniskill")
+
+
+class FakeManiSkillVectorEnv(gym.vector.VectorEnv):
+    """Mimics ``mani_skill.vector.wrappers.gymnasium.ManiSkillVectorEnv`` (auto_reset=True) on a 1-D task.
+
+    Each env moves a point by ``0.1 * action`` (action bounds [-2, 2]) towards its goal: success (and
+    termination, as in ManiSkill) within 0.05 of it, truncation after ``max_steps``. Obs = [pos, goal, t] as a
+    torch tensor (or a nested dict with ``dict_obs``). Like the real wrapper, when envs finish it resets just
+    those (``options={"env_idx": ...}``) and returns the reset info, which holds ``success=False`` for every
+    env, plus ``final_observation`` / ``final_info`` of the whole batch and their ``_`` masks. The k-th
+    partial reset puts the point at ``-1 - k``, so reset obs are recognizable.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, goals, max_steps=4, dict_obs=False, render_fails=False):
+        self.num_envs = len(goals)
+        self.device = torch.device("cpu")
+        self.goal = torch.tensor(goals, dtype=torch.float32)
+        self.max_steps, self.dict_obs, self.render_fails = max_steps, dict_obs, render_fails
+        self.single_action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+        if dict_obs:
+            self.single_observation_space = gym.spaces.Dict({
+                "pos": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                "extra": gym.spaces.Dict({"goal": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                                          "t": gym.spaces.Box(0, np.inf, (1,), np.float32)})})
+        else:
+            self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.actions_seen, self.reset_calls, self.partial_resets = [], [], 0
+
+    def _obs(self):
+        t = self.elapsed.float()
+        if self.dict_obs:
+            return {"pos": self.pos[:, None].clone(), "extra": {"goal": self.goal[:, None].clone(), "t": t[:, None]}}
+        return torch.stack([self.pos, self.goal, t], dim=1)
+
+    def reset(self, *, seed=None, options=None):
+        self.reset_calls.append((seed, options))
+        if options is not None and "env_idx" in options:
+            idx = options["env_idx"]
+            self.pos[idx] = -1.0 - self.partial_resets
+            self.partial_resets += 1
+            self.elapsed[idx] = 0
+        else:
+            self.pos = torch.zeros(self.num_envs)
+            self.elapsed = torch.zeros(self.num_envs, dtype=torch.int32)
+        info = {"elapsed_steps": self.elapsed.clone(), "success": torch.zeros(self.num_envs, dtype=torch.bool),
+                "reconfigure": False}
+        return self._obs(), info
+
+    def step(self, actions):
+        self.actions_seen.append(actions.clone())
+        self.pos = self.pos + 0.1 * actions[:, 0]
+        self.elapsed = self.elapsed + 1
+        success = (self.pos - self.goal).abs() < 0.05
+        reward = -(self.pos - self.goal).abs()
+        terminated, truncated = success.clone(), self.elapsed >= self.max_steps
+        obs = self._obs()
+        info = {"success": success, "fail": torch.zeros_like(success), "elapsed_steps": self.elapsed.clone(),
+                "dist": (self.pos - self.goal).abs().double()}
+        dones = terminated | truncated
+        if dones.any():
+            final_obs, final_info = obs, info
+            obs, info = self.reset(options={"env_idx": torch.arange(self.num_envs)[dones]})
+            info.update(final_observation=final_obs, final_info=final_info, _final_info=dones,
+                        _final_observation=dones, _elapsed_steps=dones)
+        return obs, reward, terminated, truncated, info
+
+    def render(self):
+        if self.render_fails:
+            raise RuntimeError("failed to find a rendering device")
+        frames = torch.zeros(self.num_envs, 8, 12, 3, dtype=torch.uint8)
+        return frames + (10 * torch.arange(1, self.num_envs + 1, dtype=torch.uint8))[:, None, None, None]
+
+
+def adapted(**kwargs):
+    seed = kwargs.pop("seed", None)
+    return maniskill.maniskill_vector_to_torch(FakeManiSkillVectorEnv(**kwargs), device="cpu", seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The mapping, on the fake
+# ---------------------------------------------------------------------------------------------------
+def test_final_obs_success_and_episode_statistics():
+    env = adapted(goals=[0.4, 10.0], max_steps=4)
+    assert env.single_observation_space.shape == (3,) and env.single_action_space == gym.spaces.Box(-1, 1, (1,))
+    obs, info = env.reset()
+    assert "success" not in info  # a reset describes no transition
+    torch.testing.assert_close(obs, torch.tensor([[0.0, 0.4, 0.0], [0.0, 10.0, 0.0]]))
+    step = lambda: env.step(torch.ones(2, 1))  # policy 1.0 -> env action 2.0 -> +0.2 per step
+
+    obs, reward, terminated, truncated, info = step()
+    assert reward.dtype == torch.float32 and terminated.dtype == truncated.dtype == torch.bool
+    assert info["success"].tolist() == [False, False] and info["_final_obs"].tolist() == [False, False]
+    torch.testing.assert_close(info["final_obs"], obs)
+
+    obs, reward, terminated, truncated, info = step()  # env 0 reaches its goal: success, terminated
+    assert terminated.tolist() == [True, False] and truncated.tolist() == [False, False]
+    assert info["success"].tolist() == [True, False]  # from final_info, not the reset info (all False)
+    assert info["_final_obs"].tolist() == [True, False] and info["_episode"].tolist() == [True, False]
+    torch.testing.assert_close(info["final_obs"][0], torch.tensor([0.4, 0.4, 2.0]))  # the last obs
+    torch.testing.assert_close(obs[0], torch.tensor([-1.0, 0.4, 0.0]))  # SAME_STEP: the new episode's first
+    torch.testing.assert_close(info["final_obs"][1], obs[1])
+    assert info["episode"]["l"][0].item() == 2 and info["episode"]["success"][0].item() == 1.0
+    assert info["episode"]["r"][0].item() == pytest.approx(-0.2 - 0.0, abs=1e-6)
+    assert info["dist"].dtype == torch.float32 and "final_info" not in info and "final_observation" not in info
+    assert not any(k.startswith("_final_info") or k == "reconfigure" for k in info)
+
+    step()
+    obs, reward, terminated, truncated, info = step()  # env 1 hits the time limit at step 4
+    assert truncated.tolist() == [False, True] and info["success"].tolist() == [False, False]
+    assert info["episode"]["l"][1].item() == 4 and info["episode"]["success"][1].item() == 0.0
+    torch.testing.assert_close(info["final_obs"][1], torch.tensor([0.8, 10.0, 4.0]))
+    torch.testing.assert_close(obs[1], torch.tensor([-2.0, 10.0, 0.0]))
+    env.close()
+
+
+def test_actions_rescaled_and_clipped_at_the_boundary():
+    env = adapted(goals=[5.0, 5.0, 5.0, 5.0])
+    fake = env.unwrapped
+    env.reset()
+    env.step(torch.tensor([[-1.0], [0.5], [7.0], [-3.0]]))
+    torch.testing.assert_close(fake.actions_seen[-1], torch.tensor([[-2.0], [1.0], [2.0], [-2.0]]))
+    env.step(np.array([[0.0], [0.25], [1.0], [-1.0]], dtype=np.float32))  # numpy actions too
+    torch.testing.assert_close(fake.actions_seen[-1], torch.tensor([[0.0], [0.5], [2.0], [-2.0]]))
+
+
+def test_seed_goes_to_the_first_reset_and_group_resets_are_refused():
+    env = adapted(goals=[1.0, 1.0], seed=7)
+    fake = env.unwrapped
+    env.reset()
+    env.reset()
+    env.reset(seed=3, options={"group_size": 1})
+    assert [call[0] for call in fake.reset_calls] == [7, None, 3]
+    with pytest.raises(ValueError, match="group_size") as err:
+        env.reset(options={"group_size": 2})
+    assert "\n" not in str(err.value)
+
+
+def test_dict_observations_are_flattened_in_sorted_key_order():
+    env = adapted(goals=[0.2, 10.0], dict_obs=True)
+    assert env.single_observation_space.shape == (3,)
+    obs, _ = env.reset()
+    torch.testing.assert_close(obs, torch.tensor([[0.2, 0.0, 0.0], [10.0, 0.0, 0.0]]))  # extra/goal, extra/t, pos
+    obs, *_, info = env.step(torch.ones(2, 1))  # env 0 succeeds at once
+    torch.testing.assert_close(info["final_obs"][0], torch.tensor([0.2, 1.0, 0.2]))
+    torch.testing.assert_close(obs[0], torch.tensor([0.2, 0.0, -1.0]))
+
+
+def test_render_first_frame_or_none_with_one_warning():
+    env = adapted(goals=[1.0, 1.0, 1.0])
+    frame = env.render()
+    assert frame.dtype == np.uint8 and frame.shape == (8, 12, 3) and (frame == 10).all()  # env 0's frame
+
+    env = adapted(goals=[1.0], render_fails=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert env.render() is None and env.render() is None
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "rendering device" in messages[0] and "Vulkan" in messages[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which ids go to the adapter
+# ---------------------------------------------------------------------------------------------------
+FAKE_MS_ID = "CleanrlEmbodiedFakeManiSkill-v0"
+if FAKE_MS_ID not in gym.registry:
+    gym.register(FAKE_MS_ID, entry_point="mani_skill.envs.fake_for_tests:FakeEnv")  # never imported
+
+
+def test_maniskill_ids_are_recognized_by_their_registration_and_routed(monkeypatch):
+    assert maniskill.is_maniskill_id(FAKE_MS_ID)
+    assert not maniskill.is_maniskill_id("Pendulum-v1") and not maniskill.is_maniskill_id("PushCubeRL")
+    check_env_id(FAKE_MS_ID)
+    seen = {}
+
+    def fake_make(env_id, num_envs, device, seed, **kwargs):
+        seen.update(env_id=env_id, num_envs=num_envs, seed=seed, kwargs=kwargs)
+        return maniskill.maniskill_vector_to_torch(FakeManiSkillVectorEnv([1.0] * num_envs), device, seed)
+
+    monkeypatch.setattr(maniskill, "make_maniskill_env", fake_make)
+    env = make_env(FAKE_MS_ID, num_envs=3, seed=1, control_mode="pd_joint_delta_pos")
+    assert seen == {"env_id": FAKE_MS_ID, "num_envs": 3, "seed": 1, "kwargs": {"control_mode": "pd_joint_delta_pos"}}
+    assert env.reset()[0].shape == (3, 3)
+
+
+@pytest.mark.skipif(HAS_MANISKILL, reason="mani_skill is installed")
+def test_maniskill_id_without_the_extra_is_one_clear_line():
+    with pytest.raises(ValueError) as err:
+        check_env_id("PushCube-v1")
+    assert "\n" not in str(err.value) and "uv sync --extra maniskill" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real ManiSkill (extra `maniskill`)
+# ---------------------------------------------------------------------------------------------------
+@needs_maniskill
+def test_real_pushcube_contract_on_the_cpu_backend():
+    env = make_env("PushCube-v1", num_envs=2, device="cpu", seed=0)  # physx_cpu: gymnasium-vectorized sub-envs
+    assert env.single_action_space == gym.spaces.Box(-1.0, 1.0, env.single_action_space.shape, np.float32)
+    obs, info = env.reset()
+    assert obs.ndim == 2 and obs.shape[0] == 2 and obs.dtype == torch.float32 and "success" not in info
+    act_dim = env.single_action_space.shape[0]
+    for t in range(1, 51):  # noqa: B007 -- t is checked after the loop
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(2, act_dim))
+        assert reward.dtype == torch.float32 and info["success"].dtype == torch.bool
+        assert info["final_obs"].shape == obs.shape
+        if terminated.any() or truncated.any():
+            break
+    assert t == 50 and truncated.all()  # zero actions never reach the goal; ManiSkill's 50-step limit
+    assert info["episode"]["l"].tolist() == [50, 50] and info["episode"]["success"].tolist() == [0.0, 0.0]
+    assert env.spec.max_episode_steps == 50  # declared, for GRPO's horizon
+    # group resets (GRPO) through seeded sub-envs: identical starts within a group
+    obs, _ = env.reset(options={"group_size": 2})
+    assert torch.equal(obs[0], obs[1])
+    env.close()
+
+
+@needs_maniskill
+def test_real_maniskill_vector_env_through_the_gpu_path_adapter():
+    """ManiSkill's own ManiSkillVectorEnv (1 env on the CPU backend: the GPU one needs CUDA) mapped by
+    ManiSkillToTorch: partial-reset autoreset, final_observation -> final_obs."""
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    kwargs = {**maniskill.MANISKILL_DEFAULTS, "sim_backend": "physx_cpu"}
+    if not maniskill.sapien_can_render():
+        maniskill._render_free_sapien()
+        kwargs.update(render_backend="none")
+    raw = ManiSkillVectorEnv(gym.make("PushCube-v1", num_envs=1, **kwargs), auto_reset=True)
+    env = maniskill.maniskill_vector_to_torch(raw, device="cpu", seed=0)
+    obs, _ = env.reset()
+    for t in range(1, 51):  # noqa: B007 -- t is checked after the loop
+        previous = obs
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(1, env.single_action_space.shape[0]))
+        if truncated.any():
+            break
+    assert t == 50 and info["_final_obs"].tolist() == [True] and info["episode"]["l"].tolist() == [50]
+    assert info["success"].dtype == torch.bool and reward.shape == (1,)
+    assert (info["final_obs"] - previous).abs().max() < 1e-3  # zero actions: the last obs barely moved
+    assert not torch.equal(info["final_obs"], obs)  # obs is the new episode's first
+    env.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU backend (physx_cuda) needs CUDA")
+@needs_maniskill
+def test_real_pushcube_on_the_gpu_backend():
+    env = make_env("PushCube-v1", num_envs=16, device="cuda", seed=0)
+    obs, _ = env.reset()
+    assert obs.device.type == "cuda" and obs.shape[0] == 16
+    for _ in range(50):
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(16, env.single_action_space.shape[0]))
+    assert truncated.all() and info["_episode"].all() and info["episode"]["l"].eq(50).all()
+    assert info["final_obs"].device.type == "cuda" and info["success"].dtype == torch.bool
+    env.close()
+
+
+@needs_maniskill
+def test_ppo_smoke_run_on_real_pushcube(tmp_path):
+    from cleanrl_embodied import ppo_continuous as ppo
+
+    out = ppo.main(ppo.Args(env_id="PushCube-v1", num_envs=2, num_steps=50, total_timesteps=200,
+                            num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16), num_eval_envs=1,
+                            num_eval_episodes=1, capture_video=True, output_dir=str(tmp_path), cuda=False))
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["global_step"] == 200 and summary["eval"]["success_rate"] is not None
+    assert math.isfinite(summary["eval"]["episodic_return"])
