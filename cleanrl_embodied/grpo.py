@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -64,6 +65,8 @@ class Args:
     """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
     eval_env_kwargs: str = "{}"
     """JSON keyword arguments of the eval envs (no randomization unless given here)"""
+    env_vectorization: Literal["sync", "async"] = "sync"
+    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
     num_envs: int = 256
     """number of parallel training environments (a multiple of --group-size)"""
     num_eval_envs: int = 64
@@ -328,7 +331,7 @@ def build_env(args: Args, device: torch.device, num_envs: int, seed: int, kwargs
     """make_env, with a bad keyword argument reported as one line naming the flag that carried it."""
     try:
         return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
-                        **json.loads(getattr(args, kwargs_flag)))
+                        vectorization=args.env_vectorization, **json.loads(getattr(args, kwargs_flag)))
     except (TypeError, ValueError) as e:
         fail(f"--{kwargs_flag.replace('_', '-')} / --env-id {args.env_id}: {e}")
 

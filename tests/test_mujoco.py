@@ -226,3 +226,16 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
                               output_dir=str(tmp_path), cuda=False))
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] >= 40 and math.isfinite(summary["eval"]["episodic_return"])
+
+
+def test_env_vectorization_flag_reaches_make_env(tmp_path):
+    from cleanrl_embodied import ppo_continuous as ppo
+
+    out = ppo.main(ppo.Args(env_id="InvertedPendulum-v5", env_vectorization="async", num_envs=2, num_steps=8,
+                            num_minibatches=2, update_epochs=1, total_timesteps=32, num_eval_envs=2,
+                            num_eval_episodes=2, hidden_sizes=(8,), cuda=False, output_dir=str(tmp_path),
+                            eval_env_kwargs='{"max_episode_steps": 10}'))
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["args"]["env_vectorization"] == "async" and summary["global_step"] == 32
+    with pytest.raises(ValueError, match="--env-vectorization"):
+        make_env("Pendulum-v1", num_envs=2, vectorization="threads")

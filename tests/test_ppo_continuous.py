@@ -241,7 +241,7 @@ def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path, m
     real_make_env = ppo.make_env
 
     def recording_make_env(env_id, num_envs, **kwargs):
-        seen.append((num_envs, {k: v for k, v in kwargs.items() if k not in ("device", "seed")}))
+        seen.append((num_envs, {k: v for k, v in kwargs.items() if k not in ("device", "seed", "vectorization")}))
         return real_make_env(env_id, num_envs, **kwargs)
 
     monkeypatch.setattr(ppo, "make_env", recording_make_env)

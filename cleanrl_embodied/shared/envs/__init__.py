@@ -66,13 +66,15 @@ def make_env(
     num_envs: int = 1,
     device: torch.device | str = "cpu",
     seed: int | None = None,
+    vectorization: str = "sync",
     **env_kwargs,
 ) -> VectorEnv:
     """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``.
 
     ``seed`` seeds the first ``reset()`` called with ``seed=None``. ``env_kwargs`` go to the env constructor;
-    for Gymnasium and CPU ManiSkill ids, ``vectorization="async"`` selects ``AsyncVectorEnv`` (default
-    ``"sync"``); for Gymnasium ids ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
+    ``vectorization="async"`` steps Gymnasium and CPU ManiSkill sub-envs in worker processes
+    (``AsyncVectorEnv``; default ``"sync"``; natively batched envs ignore it); for Gymnasium ids
+    ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
@@ -82,6 +84,8 @@ def make_env(
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)
+    if vectorization not in ("sync", "async"):
+        raise ValueError(f"--env-vectorization must be 'sync' or 'async', got {vectorization!r}")
 
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     if env_id == "PushCubeRL":
@@ -91,9 +95,9 @@ def make_env(
     elif is_maniskill_id(env_id):
         from cleanrl_embodied.shared.envs.maniskill import make_maniskill_env
 
-        env = make_maniskill_env(env_id, num_envs, device, seed, **env_kwargs)
+        env = make_maniskill_env(env_id, num_envs, device, seed, vectorization=vectorization, **env_kwargs)
     else:
-        env = _make_gymnasium_env(env_id, num_envs, device, seed, **env_kwargs)
+        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, **env_kwargs)
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
@@ -109,11 +113,9 @@ def _offers_rgb_array(env_id: str) -> bool:
         return False
 
 
-def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, **env_kwargs) -> VectorEnv:
+def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, vectorization: str,
+                        **env_kwargs) -> VectorEnv:
     """A registered numpy Gymnasium id -> the torch env contract."""
-    vectorization = env_kwargs.pop("vectorization", "sync")
-    if vectorization not in ("sync", "async"):
-        raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
         env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
     try:

@@ -237,12 +237,9 @@ def _cpu_sub_env(env_id: str, kwargs: dict, ignore_terminations: bool, render_fr
 
 
 def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                       **env_kwargs) -> VectorEnv:
+                       vectorization: str = "sync", **env_kwargs) -> VectorEnv:
     """``num_envs`` copies of a ManiSkill id behind the torch env contract (see the module docstring)."""
     _import_maniskill()
-    vectorization = env_kwargs.pop("vectorization", "sync")
-    if vectorization not in ("sync", "async"):
-        raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
     ignore_terminations = bool(env_kwargs.pop("ignore_terminations", False))
     kwargs = {**MANISKILL_DEFAULTS, **env_kwargs}
     on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
