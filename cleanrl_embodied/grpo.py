@@ -493,6 +493,7 @@ def main(args: Args) -> dict:
                 obs_ok = torch.isfinite(next_obs).all() & torch.isfinite(info.get("final_obs", next_obs)).all()
                 bad = torch.stack([~obs_ok, ~torch.isfinite(reward).all()])
                 first_bad = torch.minimum(first_bad, torch.where(bad, step + 1, never))
+                has_success = "success" in info  # a Python bool: no host sync
                 counted, ep = (info["_episode"] & alive).float(), info["episode"]
                 ep_sums += torch.stack([counted.sum(), (ep["r"] * counted).sum(), (ep["l"] * counted).sum(),
                                         (ep["success"] * counted).sum()])
@@ -542,8 +543,9 @@ def main(args: Args) -> dict:
                         **{f"grpo/{k}": v for k, v in adv_stats.items()}})
         if float(ep_sums[0]) > 0:
             n_ep = ep_sums[0]
-            scalars.update({"charts/episodic_return": ep_sums[1] / n_ep, "charts/episodic_length": ep_sums[2] / n_ep,
-                            "charts/success_rate": ep_sums[3] / n_ep})
+            scalars.update({"charts/episodic_return": ep_sums[1] / n_ep, "charts/episodic_length": ep_sums[2] / n_ep})
+            if has_success:  # envs without a success signal (e.g. MuJoCo locomotion) log none
+                scalars["charts/success_rate"] = ep_sums[3] / n_ep
         logger.log(scalars, global_step)
         logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
                         succ=logger.latest.get("charts/success_rate"))

@@ -628,6 +628,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                 storage["done"][step] = terminated | truncated
                 bad_obs = torch.where((bad_obs < 0) & ~torch.isfinite(next_obs).all(-1), step, bad_obs)
                 bad_reward = torch.where((bad_reward < 0) & ~torch.isfinite(reward), step, bad_reward)
+                has_success = "success" in info  # a Python bool: no host sync
                 ended, ep = info["_episode"].float(), info["episode"]
                 ep_sums += torch.stack([ended.sum(), (ep["r"] * ended).sum(), (ep["l"] * ended).sum(),
                                         (ep["success"] * ended).sum()])
@@ -702,7 +703,9 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
             if float(ep_sums[0]) > 0:
                 n_ep = ep_sums[0]
                 scalars.update({"charts/episodic_return": ep_sums[1] / n_ep,
-                                "charts/episodic_length": ep_sums[2] / n_ep, "charts/success_rate": ep_sums[3] / n_ep})
+                                "charts/episodic_length": ep_sums[2] / n_ep})
+                if has_success:  # envs without a success signal (e.g. MuJoCo locomotion) log none
+                    scalars["charts/success_rate"] = ep_sums[3] / n_ep
             logger.log(scalars, global_step)
             logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
                             succ=logger.latest.get("charts/success_rate"))
