@@ -1,0 +1,170 @@
+"""Helpers shared by run.py and speed.py: machine description, flag files, TensorBoard scalars, markdown.
+
+Nothing here knows about a particular trainer: runs are read back from what every script writes
+(summary.json and TensorBoard scalars, CONVENTIONS.md "Run directory and outputs").
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+SCRIPTS_DIR = REPO / "cleanrl_embodied"
+CONFIG_DIR = BENCH / "configs"
+RESULTS_MD = BENCH / "RESULTS.md"
+
+
+# ---- machine and software ----------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def git_info() -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": git("rev-parse", "HEAD"), "git_dirty": None if status is None else bool(status)}
+
+
+def package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("torch", "gymnasium", "tensordict", "numpy", "mujoco", "mani_skill", "matplotlib"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine_info() -> dict:
+    """CPU model, logical cores (and how many this process may use), memory, GPU, OS, load average."""
+    mem_gib = None
+    try:
+        kib = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem_gib = round(kib / 2**20, 1)
+    except (OSError, AttributeError):
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable, "memory_gib": mem_gib,
+            "gpu": gpu_name() or "none", "os": platform.platform(),
+            "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
+
+
+def describe_machine(machine: dict) -> str:
+    return (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({machine['usable_cores']} usable), "
+            f"{machine['memory_gib']} GiB RAM, GPU: {machine['gpu']}, {machine['os']}")
+
+
+# ---- commands and flag files -------------------------------------------------------------------
+def read_flags(path: Path) -> list[str]:
+    """CLI flags from a text file: shell quoting, any whitespace or newlines between tokens, `#` comments."""
+    return shlex.split(path.read_text(), comments=True)
+
+
+def _flag_groups(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """[(flag, values)] from ["--a", "1", "2", "--b", ...]; a flag's values are the tokens up to the next flag."""
+    groups: list[tuple[str, list[str]]] = []
+    for token in tokens:
+        if token.startswith("--"):
+            groups.append((token, []))
+        elif groups:
+            groups[-1][1].append(token)
+        else:
+            raise ValueError(f"flag value {token!r} comes before any --flag")
+    return groups
+
+
+def _flag_key(flag: str) -> str:
+    """`--no-norm-obs` and `--norm-obs` set the same option."""
+    return flag[5:] if flag.startswith("--no-") else flag[2:]
+
+
+def merge_flags(*flag_lists: list[str]) -> list[str]:
+    """Concatenate flag lists; a flag given again (or its --no- form) replaces the earlier one in place."""
+    merged: dict[str, tuple[str, list[str]]] = {}
+    for tokens in flag_lists:
+        for flag, values in _flag_groups(list(tokens)):
+            merged[_flag_key(flag)] = (flag, values)
+    return [token for flag, values in merged.values() for token in (flag, *values)]
+
+
+def get_flag(tokens: list[str], flag: str) -> list[str] | None:
+    for name, values in _flag_groups(tokens):
+        if name == flag:
+            return values
+    return None
+
+
+def shell_command(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    """The command as one would type it in the repository root (interpreter shown as `python`)."""
+    shown = ["python" if c == sys.executable else os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c
+             for c in cmd]
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return prefix + shlex.join(shown)
+
+
+# ---- TensorBoard --------------------------------------------------------------------------------
+def read_scalars(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """Every scalar series of a run directory: {tag: (steps, values)}, all points kept."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: ([e.step for e in acc.Scalars(tag)], [e.value for e in acc.Scalars(tag)])
+            for tag in acc.Tags()["scalars"]}
+
+
+def scalar_wall_times(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:
+    """(steps, event wall times) of one scalar, to measure steady-state speed between iterations."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars(tag)
+    return [e.step for e in events], [e.wall_time for e in events]
+
+
+# ---- markdown -----------------------------------------------------------------------------------
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_section(md_path: Path, name: str, body: str) -> None:
+    """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->` in md_path (append the
+    section at the end if it is not there yet), so re-running a suite updates its own part only."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    text = md_path.read_text() if md_path.exists() else "# Benchmark results\n"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    md_path.write_text(text)

@@ -1,0 +1,467 @@
+"""Speed suite on PushCubeRL: env-only throughput, training SPS eager vs --compile, and where an iteration's time goes.
+
+    uv run python benchmarks/speed.py                                  # ~10 min on a 2-core CPU; CUDA too when present
+    uv run python benchmarks/speed.py --parts env --env-threads 1 2 --env-num-envs 4096 16384
+    uv run python benchmarks/speed.py --parts train --scripts ppo_continuous --num-envs 1024 --extra "--num-steps 50"
+
+Three parts, measured one after another in this one invocation (threads pinned, warm-up left out):
+
+1. env: PushCubeRL `step()` alone (autoreset and episode statistics included) with random actions drawn up
+   front, vs num_envs, on the CPU at each of `--env-threads` and on CUDA.
+2. train: each script's CLI in its own process (`--eval-freq 0 --save-freq 0`), eager and then `--compile`
+   with the same flags; steady-state SPS = median over iterations after `--skip` of batch / the time between
+   consecutive `charts/SPS` TensorBoard events; end-to-end SPS (compilation included) from summary.json.
+3. breakdown: each script's real `main()` runs in this process with timers patched into its module's
+   globals (nothing in the trainer changes): `make_env` returns envs whose `step`/`reset` are timed (env step),
+   `policy_step` and the no-grad critic calls `Agent.get_value` are timed (policy forward), and the first
+   advantage function of an iteration (`compute_gae`, or `first_episode_mask`/`returns_to_go`) marks the start
+   of the update, which runs until the iteration's `RunLogger.log` (advantages + epochs of minibatch
+   loss/backward/step). The iteration is the time between two `log` calls; the rest (overhead) is what is
+   left: storage writes, finite checks, episode statistics, logging, progress bar. On CUDA the timers
+   synchronize at every boundary. Profilers were not used: cProfile's per-call cost inflates exactly the
+   Python-heavy parts (env wrappers, TensorDict) whose share we want to know.
+
+Writes `speed.png`, `speed.md` and `speed.json` to `--out` (default benchmarks/results/speed-<cpu|cuda>/) and
+replaces the `speed-<cpu|cuda>` section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import tyro
+from benchlib import (
+    BENCH,
+    REPO,
+    RESULTS_MD,
+    SCRIPTS_DIR,
+    describe_machine,
+    git_info,
+    machine_info,
+    md_table,
+    merge_flags,
+    package_versions,
+    scalar_wall_times,
+    shell_command,
+    write_section,
+)
+from gymnasium.vector import VectorWrapper
+
+STEPS_PER_ENV = {"ppo_continuous": 20, "ppo_ddp": 20, "grpo": 50}  # rollout length per iteration (grpo: the horizon)
+UPDATE_START = {"ppo_continuous": ("compute_gae",), "ppo_ddp": ("compute_gae",),
+                "grpo": ("first_episode_mask", "returns_to_go")}
+PHASES = ("env", "policy", "update", "rest")
+
+
+@dataclass
+class Args:
+    parts: tuple[Literal["env", "train", "breakdown"], ...] = ("env", "train", "breakdown")
+    """which parts to measure"""
+    scripts: tuple[str, ...] = ("ppo_continuous", "grpo", "ppo_ddp")
+    """trainers measured in the train and breakdown parts"""
+    env_num_envs: tuple[int, ...] = (64, 256, 1024, 4096)
+    """numbers of envs of the env-only part (CUDA adds 16384)"""
+    env_threads: tuple[int, ...] = (1,)
+    """CPU thread counts of the env-only part (e.g. 1 2 4 on a machine with free cores; on a 2-core machine
+    shared with other jobs a second thread waits for a busy core and throughput collapses)"""
+    env_steps: int = 200
+    """timed env steps per repeat"""
+    repeats: int = 5
+    """timed repeats of the env-only part; the median is reported"""
+    num_envs: tuple[int, ...] = (64, 256, 1024)
+    """numbers of envs of the train part on the CPU"""
+    cuda_num_envs: tuple[int, ...] = (1024, 4096, 16384)
+    """numbers of envs of the train part on CUDA"""
+    threads: int = 1
+    """CPU threads of the train and breakdown parts (OMP_NUM_THREADS / torch.set_num_threads)"""
+    compile: bool = True
+    """also measure --compile in the train part"""
+    iterations: int = 12
+    """iterations per training run"""
+    skip: int = 4
+    """first iterations left out of steady-state figures (warm-up, compilation)"""
+    breakdown_num_envs: int = 256
+    """num_envs of the breakdown part (the scripts' default)"""
+    cuda: bool = True
+    """also measure on CUDA when a GPU is present"""
+    extra: str = ""
+    """flags added to every training run and breakdown, in quotes, e.g. --extra '--num-steps 50'"""
+    out: str | None = None
+    """output folder (default benchmarks/results/speed-<cpu|cuda>)"""
+    results_md: str = str(RESULTS_MD)
+    """markdown file whose speed-<cpu|cuda> section is replaced ('' leaves it alone)"""
+    report_only: bool = False
+    """measure nothing: redraw the plot and tables from <out>/speed.json"""
+
+
+def fail(msg: str) -> None:
+    raise SystemExit(f"error: {msg}")
+
+
+def devices(args: Args) -> list[str]:
+    return ["cpu"] + (["cuda"] if args.cuda and torch.cuda.is_available() else [])
+
+
+# ---- 1. env-only throughput --------------------------------------------------------------------
+def env_throughput(num_envs: int, device: str, steps: int, repeats: int) -> float:
+    """Median env-steps/s of PushCubeRL's step() with pre-drawn random actions."""
+    from cleanrl_embodied.shared import make_env
+
+    env = make_env("PushCubeRL", num_envs=num_envs, device=device, seed=0)
+    env.reset(seed=0)
+    actions = torch.rand(steps, num_envs, env.single_action_space.shape[0], device=device) * 2 - 1
+    for t in range(min(20, steps)):  # warm-up
+        env.step(actions[t])
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        for t in range(steps):
+            env.step(actions[t])
+        sync(device)
+        rates.append(num_envs * steps / (time.perf_counter() - start))
+    env.close()
+    return statistics.median(rates)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_env(args: Args) -> list[dict]:
+    rows = []
+    for device in devices(args):
+        for threads in args.env_threads if device == "cpu" else (args.threads,):
+            torch.set_num_threads(threads)
+            for n in (*args.env_num_envs, *((16384,) if device == "cuda" else ())):
+                rows.append({"device": device, "threads": threads, "num_envs": n,
+                             "steps_per_s": env_throughput(n, device, args.env_steps, args.repeats)})
+                print(f"env {device} threads={threads} num_envs={n}: {rows[-1]['steps_per_s']:,.0f} steps/s",
+                      flush=True)
+    torch.set_num_threads(args.threads)
+    return rows
+
+
+# ---- 2. training SPS, eager vs --compile, one process per run ------------------------------------
+def training_flags(script: str, num_envs: int, iterations: int, device: str, extra: str) -> list[str]:
+    steps = STEPS_PER_ENV[script]
+    base = ["--env-id", "PushCubeRL", "--num-envs", str(num_envs), "--num-steps", str(steps),
+            "--total-timesteps", str(iterations * num_envs * steps), "--eval-freq", "0", "--save-freq", "0",
+            "--num-eval-envs", "8", "--num-eval-episodes", "8", "--cuda" if device == "cuda" else "--no-cuda"]
+    return merge_flags(base, extra.split())
+
+
+def steady_sps(run_dir: Path, skip: int) -> float:
+    """Median over iterations after `skip` of (env steps of the iteration) / (time between its SPS events)."""
+    steps, wall = scalar_wall_times(run_dir, "charts/SPS")
+    rates = [(steps[i] - steps[i - 1]) / (wall[i] - wall[i - 1]) for i in range(max(1, skip), len(steps))
+             if wall[i] > wall[i - 1]]
+    return statistics.median(rates) if rates else float("nan")
+
+
+def run_training(script: str, flags: list[str], threads: int, tmp: Path, skip: int) -> dict:
+    out_dir = Path(tempfile.mkdtemp(dir=tmp))
+    env_vars = {"OMP_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, str(SCRIPTS_DIR / f"{script}.py"), *flags, "--output-dir", str(out_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env_vars}, capture_output=True, text=True)
+    if proc.returncode:
+        fail(f"{shell_command(cmd, env_vars)} exited {proc.returncode}: {proc.stdout[-500:]}{proc.stderr[-500:]}")
+    summary_path = next(out_dir.glob("*/summary.json"))
+    summary = json.loads(summary_path.read_text())
+    return {"steady_sps": steady_sps(summary_path.parent, skip), "end_to_end_sps": summary["sps"],
+            "command": shell_command(cmd[:-2], env_vars)}
+
+
+def measure_training(args: Args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for device in devices(args):
+            for script in args.scripts:
+                for n in args.num_envs if device == "cpu" else args.cuda_num_envs:
+                    row = {"device": device, "script": script, "num_envs": n}
+                    flags = training_flags(script, n, args.iterations, device, args.extra)
+                    for mode, mode_flags in (("eager", []), ("compile", ["--compile"]))[:1 + args.compile]:
+                        row[mode] = run_training(script, flags + mode_flags, args.threads, Path(tmp), args.skip)
+                        print(f"train {device} {script} num_envs={n} {mode}: steady {row[mode]['steady_sps']:,.0f} "
+                              f"SPS, end-to-end {row[mode]['end_to_end_sps']:,.0f}", flush=True)
+                    rows.append(row)
+    return rows
+
+
+# ---- 3. per-iteration breakdown of the real main() -------------------------------------------------
+class PhaseTimer:
+    """Accumulates time per phase within an iteration; only the outermost timed call counts."""
+
+    def __init__(self, device: str):
+        self.device, self.depth = device, 0
+        self.window: dict[str, float] = defaultdict(float)
+        self.update_start: float | None = None
+        self.last_log: float | None = None
+        self.rows: list[dict[str, float]] = []
+
+    @contextlib.contextmanager
+    def section(self, phase: str):
+        if self.depth:
+            yield
+            return
+        sync(self.device)
+        start, self.depth = time.perf_counter(), 1
+        try:
+            yield
+        finally:
+            sync(self.device)
+            self.depth = 0
+            self.window[phase] += time.perf_counter() - start
+
+    def timed(self, phase: str, fn):
+        def wrapper(*a, **k):
+            with self.section(phase):
+                return fn(*a, **k)
+        return wrapper
+
+    def marks_update(self, fn):
+        def wrapper(*a, **k):
+            if self.update_start is None:
+                sync(self.device)
+                self.update_start = time.perf_counter()
+            return fn(*a, **k)
+        return wrapper
+
+    def iteration_end(self) -> None:
+        sync(self.device)
+        now = time.perf_counter()
+        if self.last_log is not None and self.update_start is not None:
+            total = now - self.last_log
+            row = {"total": total, "env": self.window["env"], "policy": self.window["policy"],
+                   "update": now - self.update_start}
+            row["rest"] = total - row["env"] - row["policy"] - row["update"]
+            self.rows.append(row)
+        self.window.clear()
+        self.update_start, self.last_log = None, now
+
+
+class TimedEnv(VectorWrapper):
+    def __init__(self, env, timer: PhaseTimer):
+        super().__init__(env)
+        self.timer = timer
+
+    def step(self, actions):
+        with self.timer.section("env"):
+            return self.env.step(actions)
+
+    def reset(self, **kwargs):
+        with self.timer.section("env"):
+            return self.env.reset(**kwargs)
+
+
+@contextlib.contextmanager
+def instrumented(module, script: str, timer: PhaseTimer):
+    """Patch the trainer module's globals with timed versions; restore them afterwards."""
+    originals = {name: getattr(module, name) for name in ("make_env", "policy_step", "RunLogger",
+                                                            *UPDATE_START[script], "Agent") if hasattr(module, name)}
+
+    class QuietTimedLogger(originals["RunLogger"]):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "console": False})
+
+        def log(self, scalars, step):
+            if "charts/SPS" in scalars:
+                timer.iteration_end()
+            super().log(scalars, step)
+
+    patches = {"make_env": lambda *a, **k: TimedEnv(originals["make_env"](*a, **k), timer),
+               "policy_step": timer.timed("policy", originals["policy_step"]), "RunLogger": QuietTimedLogger,
+               **{name: timer.marks_update(originals[name]) for name in UPDATE_START[script]}}
+    if "Agent" in originals:
+        class TimedAgent(originals["Agent"]):
+            def get_value(self, obs):  # the rollout's critic calls run without grad; the loss's with grad
+                if torch.is_grad_enabled():
+                    return super().get_value(obs)
+                with timer.section("policy"):
+                    return super().get_value(obs)
+        patches["Agent"] = TimedAgent
+    try:
+        for name, value in patches.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in originals.items():
+            setattr(module, name, value)
+
+
+def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: str, extra: str) -> dict:
+    """Run the script's main() in this process with timers: the mean time (s) per iteration after `skip` of the
+    whole iteration, env, policy, update and rest. Means, not medians, so that the parts add up to the whole:
+    "overhead <= 10% of wall time" is a statement about sums."""
+    module = importlib.import_module(f"cleanrl_embodied.{script}")
+    flags = training_flags(script, num_envs, iterations, device, extra)
+    timer = PhaseTimer(device)
+    with tempfile.TemporaryDirectory() as tmp, instrumented(module, script, timer):
+        module.main(tyro.cli(module.Args, args=[*flags, "--output-dir", tmp]))
+    rows = timer.rows[max(0, skip - 1):]
+    if not rows:
+        fail(f"breakdown of {script}: no steady iterations; raise --iterations above --skip")
+    return {**{key: statistics.fmean(r[key] for r in rows) for key in ("total", *PHASES)}, "iterations": len(rows)}
+
+
+def measure_breakdown(args: Args) -> list[dict]:
+    torch.set_num_threads(args.threads)
+    rows = []
+    for device in devices(args):
+        n = args.breakdown_num_envs if device == "cpu" else args.cuda_num_envs[0]
+        for script in args.scripts:
+            result = breakdown(script, n, args.iterations, args.skip, device, args.extra)
+            rows.append({"device": device, "script": script, "num_envs": n, **result})
+            print(f"breakdown {device} {script} num_envs={n}: " + ", ".join(
+                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
+    return rows
+
+
+# ---- report -----------------------------------------------------------------------------------------
+def tables(data: dict) -> str:
+    parts = []
+    if data.get("env"):
+        parts += ["**Env-only throughput** (PushCubeRL `step()`, random actions, median of repeats):", "",
+                  md_table(["device", "threads", "num_envs", "env-steps/s"],
+                           [[r["device"], str(r["threads"]), str(r["num_envs"]), f"{r['steps_per_s']:,.0f}"]
+                            for r in data["env"]]), ""]
+    if data.get("train"):
+        header = ["device", "script", "num_envs", "eager SPS (steady)", "compile SPS (steady)", "compile / eager",
+                  "eager SPS (end to end)", "compile SPS (end to end)"]
+        rows = []
+        for r in data["train"]:
+            c = r.get("compile")
+            rows.append([r["device"], r["script"], str(r["num_envs"]), f"{r['eager']['steady_sps']:,.0f}",
+                         f"{c['steady_sps']:,.0f}" if c else "-",
+                         f"{c['steady_sps'] / r['eager']['steady_sps']:.2f}x" if c else "-",
+                         f"{r['eager']['end_to_end_sps']:,.0f}", f"{c['end_to_end_sps']:,.0f}" if c else "-"])
+        parts += [f"**Training SPS** ({data['threads']} thread(s), {data['iterations']} iterations per run, steady "
+                  f"state = median after {data['skip']}; end to end includes start-up of the loop and compilation):",
+                  "", md_table(header, rows), ""]
+    if data.get("breakdown"):
+        header = ["device", "script", "num_envs", "iteration (ms)", "env step", "policy forward",
+                  "update (advantages + epochs)", "rest (overhead)", "overhead <= 10%"]
+        rows = [[r["device"], r["script"], str(r["num_envs"]), f"{1e3 * r['total']:.1f}",
+                 *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
+                 "yes" if r["rest"] <= 0.1 * r["total"] else "no"] for r in data["breakdown"]]
+        parts += [f"**Where an iteration's time goes** (eager; mean over {data['iterations'] - data['skip']} "
+                  "iterations of the real training loop; rest = the iteration minus the other three):", "",
+                  md_table(header, rows), ""]
+    return "\n".join(parts)
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter, ScalarFormatter
+
+    panels = [p for p in ("env", "train", "breakdown") if data.get(p)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, part in zip(axes[0], panels):
+        if part == "env":
+            for key in dict.fromkeys((r["device"], r["threads"]) for r in data["env"]):
+                rs = [r for r in data["env"] if (r["device"], r["threads"]) == key]
+                ax.plot([r["num_envs"] for r in rs], [r["steps_per_s"] for r in rs], marker="o",
+                        label=f"{key[0]}, {key[1]} thread(s)" if key[0] == "cpu" else key[0])
+            ax.set(title="PushCubeRL env-only", ylabel="env steps/s")
+        elif part == "train":
+            for i, key in enumerate(dict.fromkeys((r["device"], r["script"]) for r in data["train"])):
+                rs = [r for r in data["train"] if (r["device"], r["script"]) == key]
+                for mode, style in (("eager", "-"), ("compile", "--")):
+                    if mode in rs[0]:
+                        ax.plot([r["num_envs"] for r in rs], [r[mode]["steady_sps"] for r in rs], style, marker="o",
+                                color=f"C{i}", label=f"{key[1]} ({key[0]}, {mode})")
+            ax.set(title=f"training SPS, {data['threads']} thread(s)", ylabel="env steps/s (steady state)")
+        else:
+            labels = [f"{r['script']}\n{r['device']}, {r['num_envs']} envs" for r in data["breakdown"]]
+            left = [0.0] * len(labels)
+            for phase, color in zip(PHASES, ("tab:green", "tab:blue", "tab:orange", "tab:gray")):
+                share = [100 * max(r[phase], 0.0) / r["total"] for r in data["breakdown"]]
+                ax.barh(labels, share, left=left, color=color, label=phase)
+                left = [a + b for a, b in zip(left, share)]
+            ax.axvline(90, color="black", linestyle=":", linewidth=1)
+            ax.set(title="time per iteration (eager; dotted: 90%)", xlabel="% of the iteration")
+            ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+            continue
+        ax.set(xscale="log", yscale="log", xlabel="num_envs")
+        ax.set_xticks(sorted({int(x) for line in ax.lines for x in line.get_xdata()}))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(EngFormatter())
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def report(data: dict, image: str) -> str:
+    header = [f"Speed suite, {data['finished']}, {data['total_wall_s'] / 60:.1f} min in all.", "",
+              f"- command: `{data['invocation']}`",
+              f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
+              f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
+              f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
+              f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+              "", f"![speed]({image})", ""]
+    return "\n".join(header) + tables(data)
+
+
+def main(args: Args) -> None:
+    if min(args.iterations, args.repeats, args.env_steps, args.threads) < 1 or args.skip < 1:
+        fail("--iterations, --repeats, --env-steps, --threads and --skip must be positive")
+    unknown = set(args.scripts) - set(STEPS_PER_ENV)
+    if unknown:
+        fail(f"--scripts: unknown {sorted(unknown)}; choose from {list(STEPS_PER_ENV)}")
+    torch.set_num_threads(args.threads)
+    kind = devices(args)[-1]
+    out = Path(args.out) if args.out else BENCH / "results" / f"speed-{kind}"
+    if args.report_only:
+        if not (out / "speed.json").is_file():
+            fail(f"--report-only: no {out / 'speed.json'}; run the speed suite first")
+        write_outputs(json.loads((out / "speed.json").read_text()), out, kind, args.results_md)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    data = {"invocation": "uv run python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+            "machine": machine_info(), "versions": package_versions(), "git": git_info(), "threads": args.threads,
+            "iterations": args.iterations, "skip": args.skip}
+    measure = {"env": measure_env, "train": measure_training, "breakdown": measure_breakdown}
+    for part in args.parts:
+        data[part] = measure[part](args)
+    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
+                load_avg_end=machine_info()["load_avg_1_5_15"])
+    (out / "speed.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_outputs(data, out, kind, args.results_md)
+
+
+def write_outputs(data: dict, out: Path, kind: str, results_md: str) -> None:
+    plot(data, out / "speed.png")
+    (out / "speed.md").write_text(f"# Speed ({kind})\n\n" + report(data, "speed.png") + "\n")
+    if results_md:
+        md = Path(results_md)
+        image = os.path.relpath(out / "speed.png", md.resolve().parent).replace(os.sep, "/")
+        write_section(md, f"speed-{kind}", report(data, image))
+    print(tables(data))
+    print(f"wrote {out / 'speed.md'}")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,226 @@
+"""benchmarks/: the aggregation math on made-up data with known answers, the config files, and tiny real runs
+of the reproducibility suite (run.py --suite smoke) and of the speed suite's time breakdown."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tyro
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+rlstats = importlib.import_module("rlstats")
+benchlib = importlib.import_module("benchlib")
+run = importlib.import_module("run")
+
+
+# ---- IQM and bootstrap -----------------------------------------------------------------------------
+def test_iqm_drops_a_quarter_at_each_end():
+    assert rlstats.iqm(np.arange(1, 9)) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
+    assert rlstats.iqm([10, -1000, 10, 0, 10, 1000, 10, 10]) == pytest.approx(10.0)  # outliers dropped
+    assert rlstats.iqm([5.0, 1.0, 3.0]) == pytest.approx(3.0)  # fewer than 4 scores: the mean
+    assert rlstats.iqm(np.array([[1.0, 2.0], [3.0, 4.0]])) == pytest.approx(2.5)  # runs x tasks pooled
+    rows = rlstats.iqm(np.array([np.arange(1, 9), np.arange(11, 19)]), axis=-1)
+    np.testing.assert_allclose(rows, [4.5, 14.5])
+
+
+def test_stratified_bootstrap_resamples_within_each_task():
+    # task A always scores 0, task B always 1: every stratified resample keeps 3 of each, so the IQM is
+    # exactly 0.5 in every resample (pooled resampling would not keep the tasks balanced).
+    scores = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    assert rlstats.stratified_bootstrap_ci(scores, rlstats.iqm) == (0.5, 0.5, 0.5)
+    assert rlstats.stratified_bootstrap_ci(scores, rlstats.mean) == (0.5, 0.5, 0.5)
+
+
+def test_bootstrap_ci_of_a_mean_matches_normal_theory():
+    x = np.random.default_rng(1).normal(3.0, 2.0, size=400)
+    est, low, high = rlstats.stratified_bootstrap_ci(x, rlstats.mean, reps=4000)
+    assert est == pytest.approx(x.mean())
+    half_width = 1.96 * x.std(ddof=1) / np.sqrt(len(x))
+    assert low < est < high
+    assert (high - low) / 2 == pytest.approx(half_width, rel=0.1)
+    assert rlstats.stratified_bootstrap_ci(x, rlstats.mean, reps=4000) == (est, low, high)  # seeded
+
+
+def test_bootstrap_ci_collapses_for_one_run_or_equal_runs():
+    assert rlstats.stratified_bootstrap_ci([0.7]) == (0.7, 0.7, 0.7)
+    assert rlstats.stratified_bootstrap_ci([1.0, 1.0, 1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        rlstats.stratified_bootstrap_ci(np.zeros((0, 2)))
+
+
+def test_mean_std():
+    assert rlstats.mean_std([1.0, 3.0]) == pytest.approx((2.0, np.sqrt(2.0)))
+    assert rlstats.mean_std([4.0]) == (4.0, 0.0)
+
+
+# ---- curves ----------------------------------------------------------------------------------------
+def test_align_curves_uses_shared_x_as_is():
+    grid, values = rlstats.align_curves([[10, 20, 30], [10, 20, 30]], [[0.1, 0.5, 0.9], [0.3, 0.5, 0.7]])
+    np.testing.assert_array_equal(grid, [10, 20, 30])
+    np.testing.assert_array_equal(values, [[0.1, 0.5, 0.9], [0.3, 0.5, 0.7]])
+
+
+def test_align_curves_interpolates_on_the_common_range():
+    # y = x logged at 0, 10, 20 and y = 2x logged at 5, 15, 25: common range [5, 20], grid = union inside it
+    grid, values = rlstats.align_curves([[0, 10, 20], [5, 15, 25]], [[0, 10, 20], [10, 30, 50]])
+    np.testing.assert_array_equal(grid, [5, 10, 15, 20])
+    np.testing.assert_allclose(values, [[5, 10, 15, 20], [10, 20, 30, 40]])
+    grid, values = rlstats.align_curves([[0, 1], [2, 3]], [[0, 1], [0, 1]])  # no overlap
+    assert grid.size == 0 and values.shape == (2, 0)
+    with pytest.raises(ValueError):
+        rlstats.align_curves([[2, 1]], [[0, 1]])
+
+
+def test_bootstrap_band():
+    same = np.tile([1.0, 2.0, 3.0], (4, 1))
+    mean, low, high = rlstats.bootstrap_band(same)
+    np.testing.assert_array_equal(mean, [1, 2, 3])
+    np.testing.assert_array_equal(low, mean)
+    np.testing.assert_array_equal(high, mean)
+    # two seeds 0 and 2: a resample is (0,0), (0,2), (2,0) or (2,2) -> means 0, 1, 2 with odds 1/4, 1/2, 1/4,
+    # so the 2.5% and 97.5% quantiles are exactly 0 and 2
+    mean, low, high = rlstats.bootstrap_band(np.array([[0.0, 0.0], [2.0, 2.0]]))
+    np.testing.assert_array_equal(mean, [1, 1])
+    np.testing.assert_array_equal(low, [0, 0])
+    np.testing.assert_array_equal(high, [2, 2])
+
+
+def test_first_crossing():
+    assert rlstats.first_crossing([10, 20, 30], [0.1, 0.95, 0.5], 0.9) == 20
+    assert rlstats.first_crossing([10, 20, 30], [0.1, 0.9, 1.0], 0.9) == 20  # reaching it counts
+    assert rlstats.first_crossing([10, 20, 30], [0.1, 0.5, 0.8], 0.9) is None
+    assert rlstats.first_crossing([], [], 0.9) is None
+
+
+# ---- tables from made-up runs ----------------------------------------------------------------------
+def fake_run(script: str, seed: int, success: list[float], final_return: float) -> dict:
+    steps = [100_000 * (i + 1) for i in range(len(success))]
+    return {"script": script, "task": "PushCubeRL", "seed": seed, "returncode": 0, "command": "python x.py",
+            "summary": {"global_step": steps[-1], "wall_time_s": 10.0 * seed, "sps": 1000.0 * seed,
+                        "eval": {"success_rate": success[-1], "episodic_return": final_return}},
+            "curves": {"eval/success_rate": {"step": steps, "value": success,
+                                             "time_s": [s / 10_000 for s in steps]}}}
+
+
+def test_task_table_on_made_up_runs():
+    runs = [fake_run("ppo_continuous", 1, [0.0, 0.95, 1.0], -5.0),
+            fake_run("ppo_continuous", 2, [0.5, 0.8, 0.9], -7.0),
+            fake_run("ppo_continuous", 3, [0.1, 0.2, 0.3], -9.0)]
+    steps, times = run.threshold_hits(runs, "success_rate", 0.9)
+    assert steps == [200_000, 300_000, None] and times == [20.0, 30.0, None]
+    table = run.task_table("PushCubeRL", runs)
+    row = table.splitlines()[2].split(" | ")
+    assert row[0] == "| ppo_continuous" and row[1] == "3" and row[2] == "300,000"
+    assert row[3] == "0.73 ± 0.38"  # success 1.0, 0.9, 0.3
+    assert row[4].startswith("0.73 [")  # IQM of 3 seeds = their mean
+    assert row[5] == "-7.0 ± 2.0"
+    assert row[7] == "250k ± 71k (2/3)" and row[8] == "25.0 s ± 7.1 s (2/3)"
+    assert row[9] == "20.0 ± 10.0" and row[10] == "2000 ± 1000 |"
+
+
+def test_compare_scalars_ignores_the_clock_only():
+    a = {"charts/SPS": ([1, 2], [10.0, 11.0]), "losses/value_loss": ([1, 2], [0.5, 0.25])}
+    b = {"charts/SPS": ([1, 2], [12.0, 13.0]), "losses/value_loss": ([1, 2], [0.5, 0.25])}
+    assert run.compare_scalars(a, b) == {"compared": 1, "points": 2, "differing": []}
+    b["losses/value_loss"] = ([1, 2], [0.5, 0.2500001])
+    b["eval/success_rate"] = ([2], [1.0])
+    assert run.compare_scalars(a, b)["differing"] == ["eval/success_rate", "losses/value_loss"]
+
+
+# ---- flags, configs, markdown ----------------------------------------------------------------------
+def test_read_and_merge_flags(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_text("# comment\n--num-envs 16   # trailing\n--hidden-sizes 64 64\n--norm-obs\n"
+                    "--env-kwargs '{\"a\": 1}'\n")
+    flags = benchlib.read_flags(path)
+    assert flags == ["--num-envs", "16", "--hidden-sizes", "64", "64", "--norm-obs", "--env-kwargs", '{"a": 1}']
+    merged = benchlib.merge_flags(flags, ["--no-norm-obs", "--num-envs", "8", "--seed", "3"])
+    assert merged == ["--num-envs", "8", "--hidden-sizes", "64", "64", "--no-norm-obs", "--env-kwargs", '{"a": 1}',
+                      "--seed", "3"]
+    assert benchlib.get_flag(merged, "--hidden-sizes") == ["64", "64"] and benchlib.get_flag(merged, "--x") is None
+    with pytest.raises(ValueError):
+        benchlib.merge_flags(["16", "--num-envs"])
+
+
+@pytest.mark.parametrize("script,task", run.config_pairs())
+def test_every_config_file_parses_with_its_script(script, task):
+    """Flag names and values of every config are accepted by the script's own Args (nothing is run)."""
+    module = importlib.import_module(f"cleanrl_embodied.{script}")
+    flags = benchlib.merge_flags(benchlib.read_flags(run.config_path(script, task)), ["--env-id", task])
+    args = tyro.cli(module.Args, args=flags)
+    assert args.env_id == task and args.total_timesteps > 0
+
+
+def test_suite_plans():
+    quick = run.plan(run.Args(suite="quick", seeds=2), "cpu")
+    assert {(s.script, s.task) for s in quick} == set(run.QUICK) and len(quick) == 2 * len(run.QUICK)
+    ppo = next(s for s in quick if (s.script, s.task) == ("ppo_continuous", "Pendulum-v1"))
+    assert benchlib.get_flag(ppo.flags, "--total-timesteps") == ["150000"]  # the suite's budget replaces the config's
+    assert benchlib.get_flag(ppo.flags, "--num-envs") == ["16"] and "--no-cuda" in ppo.flags
+    scaled = run.plan(run.Args(suite="quick", scripts=("grpo",), tasks=("PushCubeRL",), budget_scale=0.5), "cpu")
+    assert len(scaled) == 5 and benchlib.get_flag(scaled[0].flags, "--total-timesteps") == ["192000"]
+    full = run.plan(run.Args(suite="full", seeds=1), "cuda")
+    assert {(s.script, s.task) for s in full} == set(run.config_pairs())
+    with pytest.raises(SystemExit, match="Nope-v0 is not in suite 'quick'"):
+        run.plan(run.Args(suite="quick", tasks=("Nope-v0", "PushCubeRL")), "cpu")
+    with pytest.raises(SystemExit, match="that combination"):
+        run.plan(run.Args(suite="full", scripts=("ppo_ddp",), tasks=("Pendulum-v1",)), "cpu")
+
+
+def test_write_section(tmp_path):
+    md = tmp_path / "R.md"
+    md.write_text("# Results\n\nintro\n")
+    benchlib.write_section(md, "quick-cpu", "first")
+    benchlib.write_section(md, "speed-cpu", "speed")
+    benchlib.write_section(md, "quick-cpu", "second")
+    text = md.read_text()
+    assert text.startswith("# Results\n\nintro\n")
+    assert "second" in text and "first" not in text and text.count("<!-- BEGIN quick-cpu -->") == 1
+    assert text.index("quick-cpu") < text.index("speed-cpu")
+
+
+# ---- tiny real runs --------------------------------------------------------------------------------
+def test_smoke_suite_end_to_end(tmp_path):
+    """1 seed x PPO x PushCubeRL for 4 iterations, run twice for the determinism check: PNG, tables, runs.json."""
+    out, md = tmp_path / "smoke", tmp_path / "RESULTS.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--suite", "smoke", "--out", str(out),
+                           "--results-md", str(md)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    png = out / "PushCubeRL.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    data = json.loads((out / "runs.json").read_text())
+    (record,) = data["runs"]
+    assert record["returncode"] == 0 and record["summary"]["global_step"] == 2048
+    curve = record["curves"]["eval/success_rate"]
+    assert curve["step"] == [512, 1024, 1536, 2048] and all(t > 0 for t in curve["time_s"])
+    assert data["determinism"]["identical"] and data["determinism"]["compared"] > 5
+    assert data["machine"]["logical_cores"] >= 1 and data["versions"]["torch"]
+    report = (out / "report.md").read_text()
+    assert "| ppo_continuous | 1 | 2,048 |" in report and "![PushCubeRL](PushCubeRL.png)" in report
+    assert "--env-id PushCubeRL --seed 1" in report
+    assert "<!-- BEGIN smoke-cpu -->" in md.read_text() and "(smoke/PushCubeRL.png)" in md.read_text()
+    png.unlink()  # --report-only redraws everything from runs.json
+    run.main(run.Args(suite="smoke", out=str(out), results_md="", report_only=True))
+    assert png.is_file() and (out / "report.md").read_text() == report
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "grpo"])
+def test_speed_breakdown_times_the_real_loop(script):
+    speed = importlib.import_module("speed")
+    module = importlib.import_module(f"cleanrl_embodied.{script}")
+    before = {name: getattr(module, name) for name in ("make_env", "policy_step", "RunLogger")}
+    result = speed.breakdown(script, 16, iterations=5, skip=2, device="cpu",
+                             extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16")
+    assert result["iterations"] == 3  # iterations 3, 4, 5
+    assert all(result[k] > 0 for k in ("env", "policy", "update", "total"))
+    assert result["env"] + result["policy"] + result["update"] + result["rest"] == pytest.approx(result["total"])
+    assert {name: getattr(module, name) for name in before} == before  # the module is restored
