@@ -421,7 +421,7 @@ def report(data: dict, image: str) -> str:
               f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
               f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
               "", f"![speed]({image})", ""]
-    return "\n".join(header) + tables(data)
+    return "\n".join(header) + "\n" + tables(data)
 
 
 def main(args: Args) -> None:
