@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -111,6 +112,9 @@ class Args:
     """auto: --cuda when a GPU is present, else --no-cuda (a config file's own --no-cuda still wins)"""
     threads: int = 1
     """OMP_NUM_THREADS of every run"""
+    jobs: int = 1
+    """runs at a time (each with --threads threads); above 1 the runs share the machine, so their wall times
+    and SPS are those of a loaded machine (the report says so)"""
     ddp_nproc: int = 1
     """processes per ppo_ddp run: 1 runs the script directly (a world of one), more go through torchrun"""
     out: str | None = None
@@ -167,8 +171,8 @@ def suite_pairs(args: Args) -> dict[tuple[str, str], str]:
 
 def plan(args: Args, device: str) -> list[RunSpec]:
     num_seeds = args.seeds or SUITES[args.suite][0]
-    if num_seeds < 1 or args.budget_scale <= 0 or args.threads < 1 or args.ddp_nproc < 1:
-        fail("--seeds, --budget-scale, --threads and --ddp-nproc must be positive")
+    if num_seeds < 1 or args.budget_scale <= 0 or args.threads < 1 or args.ddp_nproc < 1 or args.jobs < 1:
+        fail("--seeds, --budget-scale, --threads, --ddp-nproc and --jobs must be positive")
     specs = []
     for (script, task), overrides in suite_pairs(args).items():
         path = config_path(script, task)
@@ -367,7 +371,9 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
     ok = [r for r in data["runs"] if r["returncode"] == 0]
     failed = [r for r in data["runs"] if r["returncode"] != 0]
     lines = [f"Suite `{data['suite']}` on `{data['device']}`, {len(ok)} runs ({len(failed)} failed), "
-             f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}.", "",
+             f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}"
+             + (f"; {data['jobs']} runs at a time, so wall times and SPS are those of a shared machine."
+                if data.get("jobs", 1) > 1 else "."), "",
              f"- command: `{data['invocation']}`",
              f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
              f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
@@ -419,16 +425,19 @@ def main(args: Args) -> None:
     specs = plan(args, device)
     out.mkdir(parents=True, exist_ok=True)
     invocation = "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
-    data = {"suite": args.suite, "device": device, "invocation": invocation,
+    data = {"suite": args.suite, "device": device, "invocation": invocation, "jobs": args.jobs,
             "machine": machine_info(), "versions": package_versions(), "git": git_info(), "runs": []}
     start = time.time()
-    for i, spec in enumerate(specs, 1):
-        record = launch(spec, out / "runs" / f"{spec.script}__{spec.task}__{spec.seed}", args)
-        data["runs"].append(record)
-        print(f"[{i}/{len(specs)}] {progress_line(record)}", flush=True)
-        if i == 1 and args.determinism_check:
-            data["determinism"] = determinism_check(spec, record, out, args)
-            print(f"determinism check: identical={data['determinism']['identical']}", flush=True)
+    run_dir = lambda spec: out / "runs" / f"{spec.script}__{spec.task}__{spec.seed}"
+    # Runs go `--jobs` at a time; records keep the plan's order whatever order the runs finish in.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(launch, spec, run_dir(spec), args) for spec in specs]
+        for i, future in enumerate(futures, 1):
+            data["runs"].append(future.result())
+            print(f"[{i}/{len(specs)}] {progress_line(data['runs'][-1])}", flush=True)
+    if args.determinism_check:  # the first run again, alone on the machine
+        data["determinism"] = determinism_check(specs[0], data["runs"][0], out, args)
+        print(f"determinism check: identical={data['determinism']['identical']}", flush=True)
     data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
                 load_avg_end=machine_info()["load_avg_1_5_15"])
     write_outputs(data, out, args.results_md)
