@@ -1,0 +1,224 @@
+"""ppo_async.py: overlap, version bookkeeping, shutdown on errors and Ctrl-C, exact resume, learning."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanrl_embodied import ppo_async
+
+SCRIPT = Path(ppo_async.__file__)
+TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
+            hidden_sizes=(32, 32), cuda=False, eval_freq=0, save_freq=0)
+
+
+def tiny_args(tmp_path, iterations: int = 6, **overrides) -> ppo_async.Args:
+    return ppo_async.Args(**{**TINY, "output_dir": str(tmp_path), "total_timesteps": iterations * 8 * 10,
+                             **overrides})
+
+
+def collector_alive() -> bool:
+    return any(t.name == "ppo-async-collector" and t.is_alive() for t in threading.enumerate())
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+def test_smoke_run_writes_summary_events_and_checkpoints(tmp_path):
+    out = ppo_async.main(tiny_args(tmp_path, eval_freq=2, save_freq=2, norm_obs=True, norm_reward=True))
+    run_dir = Path(out["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["script"] == "ppo_async" and summary["global_step"] == 480
+    assert summary["dropped_rollouts"] == 0 and summary["eval"]["success_rate"] is not None
+    for name in ("losses/policy_loss", "losses/approx_kl", "charts/policy_staleness", "charts/learner_wait_s"):
+        assert name in summary["train"], name
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("charts/SPS")] == [80, 160, 240, 320, 400, 480]
+    assert {"eval/success_rate", "eval/episodic_return"} <= set(acc.Tags()["scalars"])
+    names = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert {"last.pt", "best.pt", "iter_000002.pt", "iter_000006.pt"} <= names
+    assert not collector_alive()
+
+
+def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path, monkeypatch):
+    """With a slow policy (5 ms a step) and --max-staleness 1 the collector steps rollout j+1 while the
+    learner updates on rollout j; with --max-staleness 0 the two never overlap. Timestamps, not speed."""
+    real_loss = ppo_async.ppo_loss
+
+    def slow_loss(*a, **k):  # a learner busy long enough (4 x 10 ms) that overlap or not is unambiguous
+        time.sleep(0.01)
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(ppo_async, "ppo_loss", slow_loss)
+    for k in (1, 0):
+        args = tiny_args(tmp_path / str(k), iterations=8, max_staleness=k, policy_latency_ms=5)
+        tl = ppo_async.main(args)["timeline"]
+        next_collect_overlaps = [overlaps(tl[j]["update"], tl[j + 1]["collect"]) for j in range(len(tl) - 1)]
+        if k == 1:
+            assert all(next_collect_overlaps), next_collect_overlaps
+        else:
+            assert not any(overlaps(u["update"], c["collect"]) for u in tl for c in tl), tl
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(tmp_path, monkeypatch, k):
+    """Every policy call of rollout j acts with the parameters the learner published after consuming j - K
+    rollouts, unchanged for the whole rollout, although the learner updates meanwhile."""
+    fingerprint = lambda agent: float(sum(p.double().sum() for p in agent.state_dict().values()))
+    calls, published = [], {}
+    real_step, real_publish = ppo_async.policy_step, ppo_async.Collector.publish
+
+    def recording_step(agent, obs, generator):
+        calls.append((threading.current_thread().name, fingerprint(agent)))
+        return real_step(agent, obs, generator)
+
+    def recording_publish(self, consumed, version, agent):
+        published[consumed] = (version, fingerprint(agent))
+        real_publish(self, consumed, version, agent)
+
+    monkeypatch.setattr(ppo_async, "policy_step", recording_step)
+    monkeypatch.setattr(ppo_async.Collector, "publish", recording_publish)
+    out = ppo_async.main(tiny_args(tmp_path, iterations=8, max_staleness=k, policy_latency_ms=2, norm_obs=True))
+    T = TINY["num_steps"]
+    assert len(calls) == 8 * T and {name for name, _ in calls} == {"ppo-async-collector"}
+    for j, entry in enumerate(out["timeline"]):
+        assert entry["index"] == j and not entry["dropped"]
+        assert 0 <= entry["learner_version"] - entry["behaviour_version"] <= k
+        rollout = {fp for _, fp in calls[j * T:(j + 1) * T]}
+        assert rollout == {published[max(j - k, 0)][1]}, j  # one set of weights, the right one
+        assert entry["behaviour_version"] == published[max(j - k, 0)][0]
+    assert max(e["learner_version"] - e["behaviour_version"] for e in out["timeline"]) == k  # really stale
+    assert len({fp for _, fp in calls}) > 1  # and the copy is refreshed between rollouts
+
+
+def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everything(tmp_path, monkeypatch):
+    real_step, n = ppo_async.policy_step, {"calls": 0}
+
+    def failing_step(agent, obs, generator):
+        n["calls"] += 1
+        if n["calls"] == 25:
+            raise ValueError("simulated simulator crash in step 25")
+        return real_step(agent, obs, generator)
+
+    monkeypatch.setattr(ppo_async, "policy_step", failing_step)
+    with pytest.raises(ValueError, match="simulated simulator crash in step 25") as e:
+        ppo_async.main(tiny_args(tmp_path, iterations=20))
+    assert "collector thread" in "".join(getattr(e.value, "__notes__", []))
+    assert not collector_alive()
+    run_dir = next(tmp_path.glob("PushCubeRL__*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert summary["global_step"] == ckpt["global_step"] == 2 * 80  # the two rollouts completed
+    assert ckpt["collector"] is None
+
+
+def test_exception_in_the_learner_stops_the_collector(tmp_path, monkeypatch):
+    real_loss, n = ppo_async.ppo_loss, {"calls": 0}
+
+    def failing_loss(*a, **k):
+        n["calls"] += 1
+        if n["calls"] == 9:
+            raise RuntimeError("learner blew up")
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(ppo_async, "ppo_loss", failing_loss)
+    with pytest.raises(RuntimeError, match="learner blew up"):
+        ppo_async.main(tiny_args(tmp_path, iterations=50, policy_latency_ms=1))
+    assert not collector_alive()
+    run_dir = next(tmp_path.glob("PushCubeRL__*"))
+    assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 3 * 80
+
+
+def test_resume_mid_run_is_bit_identical_to_a_straight_run(tmp_path):
+    """The checkpoint holds the collector's side too (pending rollouts, snapshots, env and generator state)."""
+    common = dict(save_freq=3, eval_freq=2, norm_obs=True, norm_reward=True, max_staleness=2)
+    straight = ppo_async.main(tiny_args(tmp_path / "a", iterations=7, **common))
+    half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
+    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=7, resume=str(half), **common))
+    assert resumed["global_step"] == straight["global_step"] == 560
+    a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (straight, resumed))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["reward_rms"]["var"], b["reward_rms"]["var"])
+    assert [e["behaviour_version"] for e in straight["timeline"][3:]] == [
+        e["behaviour_version"] for e in resumed["timeline"]]
+
+
+def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_rollouts(tmp_path, monkeypatch):
+    real_loss = ppo_async.ppo_loss
+
+    def slow_loss(*a, **k):  # a slow learner: the collector runs the full K rollouts ahead
+        time.sleep(0.01)
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(ppo_async, "ppo_loss", slow_loss)
+    first = ppo_async.main(tiny_args(tmp_path / "a", iterations=8, save_freq=3, max_staleness=2))
+    ckpt_path = Path(first["run_dir"]) / "checkpoints" / "iter_000003.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    stale = [p for p in ckpt["collector"]["pending"] if ckpt["version"] - p["version"] > 0]
+    assert stale, "the slow learner should have left pending rollouts in the checkpoint"
+    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=8, max_staleness=0, resume=str(ckpt_path)))
+    assert sum(e["dropped"] for e in resumed["timeline"]) == len(stale)
+    assert all(e["learner_version"] == e["behaviour_version"] for e in resumed["timeline"] if not e["dropped"])
+    summary = json.loads((Path(resumed["run_dir"]) / "summary.json").read_text())
+    assert summary["dropped_rollouts"] == len(stale) and summary["global_step"] == 8 * 80
+
+
+def test_same_command_gives_the_same_run(tmp_path):
+    runs = [ppo_async.main(tiny_args(tmp_path / name, iterations=5, policy_latency_ms=1)) for name in "ab"]
+    a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in runs)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+@pytest.mark.parametrize("flag, value", [("max_staleness", -1), ("policy_latency_ms", -5.0)])
+def test_bad_input_is_one_clear_line(tmp_path, flag, value):
+    with pytest.raises(SystemExit) as e:
+        ppo_async.main(tiny_args(tmp_path, **{flag: value}))
+    assert f"--{flag.replace('_', '-')}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--num-envs", "8",
+                             "--num-steps", "10", "--num-minibatches", "2", "--total-timesteps", "100000000",
+                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0", "--policy-latency-ms", "1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
+        time.sleep(0.5)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-2000:]
+    run_dir = next(tmp_path.glob("PushCubeRL__*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert summary["global_step"] == ckpt["global_step"] > 0
+    assert ckpt["collector"] is not None and ckpt["collector"]["next_index"] >= ckpt["consumed"]
+
+
+def test_default_ppo_async_learns_to_push_the_cube(tmp_path):
+    """Defaults with one version of staleness: most eval episodes succeed after 200k steps."""
+    out = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False,
+                                        eval_freq=0, save_freq=0))
+    assert out["eval"]["success_rate"] >= 0.8, out["eval"]
+    assert max(e["learner_version"] - e["behaviour_version"] for e in out["timeline"]) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_runs_on_cuda(tmp_path):
+    out = ppo_async.main(tiny_args(tmp_path, cuda=True, policy_latency_ms=1))
+    assert out["global_step"] == 480 and not collector_alive()
