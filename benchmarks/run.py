@@ -3,7 +3,7 @@
     uv run python benchmarks/run.py --suite quick      # ~15 min, 2-core CPU: PPO, GRPO x PushCubeRL, Pendulum-v1
     uv run python benchmarks/run.py --suite full       # the published set: every file in benchmarks/configs/
     uv run python benchmarks/run.py --suite full --tasks HalfCheetah-v5 --seeds 3
-    uv run python benchmarks/run.py --suite quick --scripts grpo --extra "--learning-rate 3e-3"
+    uv run python benchmarks/run.py --suite quick --scripts grpo --extra="--learning-rate 3e-3"
     uv run python benchmarks/run.py --suite quick --report-only    # redraw plots and tables from runs.json
 
 Each (script, task, seed) runs `python cleanrl_embodied/<script>.py ...` in its own process, one after
@@ -105,7 +105,7 @@ class Args:
     tasks: tuple[str, ...] = ()
     """only these env ids (default: all of the suite)"""
     extra: str = ""
-    """flags added to every run, in quotes, e.g. --extra "--num-envs 512"; they replace the config's"""
+    """flags added to every run, with "=" and in quotes, e.g. --extra="--num-envs 512"; they replace the config's"""
     budget_scale: float = 1.0
     """multiply every run's --total-timesteps (e.g. 0.1 for a dry run of the full suite)"""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -2,7 +2,7 @@
 
     uv run python benchmarks/speed.py                                  # ~10 min on a 2-core CPU; CUDA too when present
     uv run python benchmarks/speed.py --parts env --env-threads 1 2 --env-num-envs 4096 16384
-    uv run python benchmarks/speed.py --parts train --scripts ppo_continuous --num-envs 1024 --extra "--num-steps 50"
+    uv run python benchmarks/speed.py --parts train --scripts ppo_continuous --num-envs 1024 --extra="--num-steps 50"
 
 Three parts, measured one after another in this one invocation (threads pinned, warm-up left out):
 

@@ -130,6 +130,9 @@ class Args:
     """torch.compile the policy step, GAE and the loss"""
     cudagraphs: bool = False
     """capture the policy step in a CUDA graph (CUDA only)"""
+    policy_latency_ms: float = 0.0
+    """add this delay to every rollout inference call, to stand in for a large model (the sync baseline of
+    benchmarks/async_speed.py; ppo_async.py overlaps it with the update)"""
 
 
 def fail(msg: str) -> None:
@@ -155,6 +158,8 @@ def validate(args: Args) -> None:
         fail(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
     if args.learning_rate <= 0 or args.clip_obs <= 0 or args.clip_reward <= 0:
         fail("--learning-rate, --clip-obs and --clip-reward must be > 0")
+    if args.policy_latency_ms < 0:
+        fail(f"--policy-latency-ms must be >= 0, got {args.policy_latency_ms}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
     for name in ("env_kwargs", "eval_env_kwargs"):
@@ -504,6 +509,8 @@ def main(args: Args) -> dict:
         with torch.no_grad():
             for step in range(args.num_steps):
                 out = policy(next_obs)
+                if args.policy_latency_ms:
+                    time.sleep(args.policy_latency_ms / 1000)
                 storage["obs"][step] = next_obs
                 for key in ("action", "logprob", "value"):
                     storage[key][step] = out[key]

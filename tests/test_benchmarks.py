@@ -189,24 +189,26 @@ def test_write_section(tmp_path):
 
 # ---- tiny real runs --------------------------------------------------------------------------------
 def test_smoke_suite_end_to_end(tmp_path):
-    """1 seed x PPO x PushCubeRL for 4 iterations, run twice for the determinism check: PNG, tables, runs.json."""
+    """2 seeds x PPO x PushCubeRL for 4 iterations, two at a time, then seed 1 again for the determinism check:
+    PNG, tables, runs.json."""
     out, md = tmp_path / "smoke", tmp_path / "RESULTS.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--suite", "smoke", "--out", str(out),
-                           "--results-md", str(md)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--suite", "smoke", "--seeds", "2", "--jobs", "2",
+                           "--out", str(out), "--results-md", str(md)], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     png = out / "PushCubeRL.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     data = json.loads((out / "runs.json").read_text())
-    (record,) = data["runs"]
-    assert record["returncode"] == 0 and record["summary"]["global_step"] == 2048
-    curve = record["curves"]["eval/success_rate"]
-    assert curve["step"] == [512, 1024, 1536, 2048] and all(t > 0 for t in curve["time_s"])
+    assert [r["seed"] for r in data["runs"]] == [1, 2]  # the plan's order, whichever finished first
+    for record in data["runs"]:
+        assert record["returncode"] == 0 and record["summary"]["global_step"] == 2048
+        curve = record["curves"]["eval/success_rate"]
+        assert curve["step"] == [512, 1024, 1536, 2048] and all(t > 0 for t in curve["time_s"])
     assert data["determinism"]["identical"] and data["determinism"]["compared"] > 5
     assert data["machine"]["logical_cores"] >= 1 and data["versions"]["torch"]
     report = (out / "report.md").read_text()
-    assert "| ppo_continuous | 1 | 2,048 |" in report and "![PushCubeRL](PushCubeRL.png)" in report
-    assert "--env-id PushCubeRL --seed 1" in report
+    assert "| ppo_continuous | 2 | 2,048 |" in report and "![PushCubeRL](PushCubeRL.png)" in report
+    assert "--env-id PushCubeRL --seed 2" in report and "2 runs at a time" in report
     assert "<!-- BEGIN smoke-cpu -->" in md.read_text() and "(smoke/PushCubeRL.png)" in md.read_text()
     png.unlink()  # --report-only redraws everything from runs.json
     run.main(run.Args(suite="smoke", out=str(out), results_md="", report_only=True))
@@ -224,3 +226,22 @@ def test_speed_breakdown_times_the_real_loop(script):
     assert all(result[k] > 0 for k in ("env", "policy", "update", "total"))
     assert result["env"] + result["policy"] + result["update"] + result["rest"] == pytest.approx(result["total"])
     assert {name: getattr(module, name) for name in before} == before  # the module is restored
+
+
+def test_async_benchmark_end_to_end(tmp_path):
+    """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
+    out, md = tmp_path / "async", tmp_path / "RESULTS.md"
+    extra = ("--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16 "
+             "--num-eval-envs 8 --num-eval-episodes 8")
+    proc = subprocess.run([sys.executable, str(BENCH / "async_speed.py"), "--latencies", "2", "--seeds", "1",
+                           "--total-timesteps", "2048", f"--extra={extra}", "--out", str(out), "--results-md", str(md)],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((out / "async.json").read_text())
+    assert [(r["mode"], r["latency_ms"]) for r in data["runs"]] == [("sync", 2.0), ("async", 2.0)]
+    assert all(r["global_step"] == 2048 and r["wall_time_s"] > 4 * 8 * 0.002 for r in data["runs"])
+    assert data["runs"][1]["dropped_rollouts"] == 0
+    assert (out / "async.png").read_bytes()[:4] == b"\x89PNG"
+    table_row = next(line for line in (out / "async.md").read_text().splitlines() if line.startswith("| 2 |"))
+    assert "x ±" in table_row
+    assert "<!-- BEGIN async-cpu -->" in md.read_text()

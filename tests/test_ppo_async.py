@@ -65,6 +65,7 @@ def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path, mon
     for k in (1, 0):
         args = tiny_args(tmp_path / str(k), iterations=8, max_staleness=k, policy_latency_ms=5)
         tl = ppo_async.main(args)["timeline"]
+        assert all(e["collect"][1] - e["collect"][0] >= 10 * 0.005 for e in tl)  # the latency is really paid
         next_collect_overlaps = [overlaps(tl[j]["update"], tl[j + 1]["collect"]) for j in range(len(tl) - 1)]
         if k == 1:
             assert all(next_collect_overlaps), next_collect_overlaps

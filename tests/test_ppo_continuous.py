@@ -85,6 +85,7 @@ def test_runs_unchanged_on_pendulum(tmp_path):
     ({"total_timesteps": 0}, "--total-timesteps"),
     ({"resume": "/no/such/file.pt"}, "--resume"),
     ({"env_kwargs": "not json"}, "--env-kwargs"),
+    ({"policy_latency_ms": -1.0}, "--policy-latency-ms"),
     ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
     ({"cudagraphs": True}, "--cudagraphs"),
 ])
