@@ -98,7 +98,7 @@ class Args:
     cuda: bool = True
     """also measure on CUDA when a GPU is present"""
     extra: str = ""
-    """flags added to every training run and breakdown, in quotes, e.g. --extra '--num-steps 50'"""
+    """flags added to every training run and breakdown, with "=", e.g. --extra='--num-steps 50'"""
     out: str | None = None
     """output folder (default benchmarks/results/speed-<cpu|cuda>)"""
     results_md: str = str(RESULTS_MD)
