@@ -445,16 +445,22 @@ class Collector:
                 del self.snapshots[old]  # rollouts still to be collected start at >= consumed - K
             self.cond.notify_all()
 
+    def raise_error(self) -> None:
+        """Raise the collector thread's exception, if it had one, in the calling (learner) thread."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            error.add_note("(raised in the ppo_async collector thread)")
+            raise error
+
     def get(self) -> dict:
-        """The next rollout, in order; an exception of the collector thread is raised here."""
+        """The next rollout, in order. Rollouts completed before the collector failed are still handed out;
+        then its exception is raised here."""
         while True:
-            if self.error is not None:
-                self.error.add_note("(raised in the ppo_async collector thread)")
-                raise self.error
             try:
                 return self.rollouts.get(timeout=0.05)
             except queue.Empty:
-                if self.finished and self.error is None:
+                self.raise_error()
+                if self.finished and self.rollouts.empty():
                     raise RuntimeError("the collector ended without producing the next rollout") from None
 
     def pause(self) -> None:
@@ -463,6 +469,7 @@ class Collector:
             self.pause_requested = True
             self.cond.notify_all()
             self.cond.wait_for(lambda: self.paused or self.finished)
+        self.raise_error()  # a collector that ended in an error has no consistent state to save
 
     def resume(self) -> None:
         with self.cond:
