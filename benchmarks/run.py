@@ -20,9 +20,8 @@ scalars. Written to `--out` (default `benchmarks/results/<suite>-<device>/`):
 - `runs/`: the run directories themselves (TensorBoard, summary.json, last.pt, stdout.log; not committed).
 
 Flags of a run, later ones replacing earlier ones: `--save-freq 0` and the device flag; the file
-`benchmarks/configs/<script>__<task>.txt` (a plain `<task>.txt` counts as ppo_continuous's; see
-configs/README.md); the suite's overrides below (QUICK: shorter budgets); `--extra`; then `--env-id`,
-`--seed`, `--output-dir`. `--budget-scale` multiplies `--total-timesteps` at the end.
+`benchmarks/configs/<script>__<task>.txt` (see configs/README.md); the suite's overrides below (QUICK: shorter
+budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies `--total-timesteps` at the end.
 
 Wall time of a curve point is the trainer's own loop time at that iteration (global_step / charts/SPS),
 so it includes earlier evaluations and excludes start-up. On CPU with --torch-deterministic the same
@@ -141,19 +140,13 @@ def fail(msg: str) -> None:
 
 # ---- planning ------------------------------------------------------------------------------------
 def config_path(script: str, task: str) -> Path | None:
-    for path in (CONFIG_DIR / f"{script}__{task}.txt", CONFIG_DIR / f"{task}.txt"):
-        if path.is_file() and (path.name.startswith(f"{script}__") or script == "ppo_continuous"):
-            return path
-    return None
+    path = CONFIG_DIR / f"{script}__{task}.txt"
+    return path if path.is_file() else None
 
 
 def config_pairs() -> list[tuple[str, str]]:
-    """(script, task) of every config file: <script>__<task>.txt, or <task>.txt for ppo_continuous."""
-    pairs = []
-    for path in sorted(CONFIG_DIR.glob("*.txt")):
-        script, sep, task = path.stem.partition("__")
-        pairs.append((script, task) if sep else ("ppo_continuous", path.stem))
-    return pairs
+    """(script, task) of every config file <script>__<task>.txt."""
+    return [tuple(path.stem.split("__", 1)) for path in sorted(CONFIG_DIR.glob("*__*.txt"))]
 
 
 def suite_pairs(args: Args) -> dict[tuple[str, str], str]:
