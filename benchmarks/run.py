@@ -21,7 +21,8 @@ scalars. Written to `--out` (default `benchmarks/results/<suite>-<device>/`):
 
 Flags of a run, later ones replacing earlier ones: `--save-freq 0` and the device flag; the file
 `benchmarks/configs/<script>__<task>.txt` (see configs/README.md); the suite's overrides below (QUICK: shorter
-budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies `--total-timesteps` at the end.
+budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies
+`--total-timesteps` at the end.
 
 Wall time of a curve point is the trainer's own loop time at that iteration (global_step / charts/SPS),
 so it includes earlier evaluations and excludes start-up. On CPU with --torch-deterministic the same
