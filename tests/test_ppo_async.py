@@ -223,3 +223,13 @@ def test_default_ppo_async_learns_to_push_the_cube(tmp_path):
 def test_runs_on_cuda(tmp_path):
     out = ppo_async.main(tiny_args(tmp_path, cuda=True, policy_latency_ms=1))
     assert out["global_step"] == 480 and not collector_alive()
+
+
+def test_compile_and_eval_checkpoint(tmp_path):
+    out = ppo_async.main(tiny_args(tmp_path / "a", iterations=3, compile=True))
+    last = Path(out["run_dir"]) / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    assert not any("_orig_mod" in k for k in ckpt["model"]) and ckpt["global_step"] == 240
+    evaluated = ppo_async.main(tiny_args(tmp_path / "b", eval_checkpoint=str(last)))
+    assert evaluated["global_step"] == 240 and evaluated["eval"]["episodic_length"] > 0
+    assert "timeline" not in evaluated  # nothing was trained
