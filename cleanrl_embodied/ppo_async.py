@@ -49,7 +49,15 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared import (
+    RunLogger,
+    atomic_save,
+    check_env_id,
+    env_state_dict,
+    load_env_state_dict,
+    make_env,
+    rollout_storage,
+)
 
 
 @dataclass
@@ -488,9 +496,8 @@ class Collector:
 
     def state(self) -> dict:
         """What a resume needs from this side; call only while paused."""
-        envs = self.envs.unwrapped
         return {"next_index": self.next_index, "next_obs": self.next_obs, "generator": self.generator.get_state(),
-                "env_state": envs.state_dict() if hasattr(envs, "state_dict") else None,
+                "env_state": env_state_dict(self.envs),
                 "snapshots": dict(self.snapshots), "pending": [
                     {**item, "data": item["data"].to_dict()} for item in list(self.rollouts.queue)]}
 
@@ -632,7 +639,7 @@ def main(args: Args) -> dict:
         cstate = ckpt.get("collector")
         if cstate is not None:  # the collector stopped at a rollout boundary: continue from exactly there
             if cstate["env_state"] is not None:
-                envs.unwrapped.load_state_dict(cstate["env_state"])
+                load_env_state_dict(envs, cstate["env_state"])
             next_obs = cstate["next_obs"].to(device)
             generator.set_state(cstate["generator"])
     pending = []  # rollouts a resumed run had collected but not learned from

@@ -31,7 +31,15 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared import (
+    RunLogger,
+    atomic_save,
+    check_env_id,
+    env_state_dict,
+    load_env_state_dict,
+    make_env,
+    rollout_storage,
+)
 
 
 @dataclass
@@ -464,14 +472,14 @@ def main(args: Args) -> dict:
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         best_key = tuple(ckpt["best_key"])
         if ckpt.get("env_state") is not None:
-            envs.unwrapped.load_state_dict(ckpt["env_state"])
+            load_env_state_dict(envs, ckpt["env_state"])
             next_obs = ckpt["next_obs"].to(device)
         set_rng_state(ckpt["rng"])
     logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
                  f"iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
 
     def save_checkpoint(name: str, iteration: int) -> str:
-        env_state = envs.unwrapped.state_dict() if hasattr(envs.unwrapped, "state_dict") else None
+        env_state = env_state_dict(envs)
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
                  "reward_rms": reward_rms.state_dict(), "reward_trace": reward_trace, "iteration": iteration,
                  "global_step": global_step, "num_iterations": num_iterations, "best_key": list(best_key),

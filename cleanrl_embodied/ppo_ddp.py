@@ -39,7 +39,15 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared import (
+    RunLogger,
+    atomic_save,
+    check_env_id,
+    env_state_dict,
+    load_env_state_dict,
+    make_env,
+    rollout_storage,
+)
 
 
 @dataclass
@@ -421,9 +429,7 @@ def set_rng_state(state: dict) -> None:
 
 def rank_state(envs, next_obs: torch.Tensor, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
-    env_state = envs.unwrapped.state_dict() if hasattr(envs.unwrapped, "state_dict") else None
-    if env_state is not None:
-        env_state = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in env_state.items()}
+    env_state = env_state_dict(envs)  # tensors on the CPU
     return {"env_state": env_state, "next_obs": next_obs.cpu(), "reward_trace": reward_trace.cpu(), "rng": rng_state()}
 
 
@@ -565,7 +571,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
             piece = pieces[rank]
             reward_trace.copy_(piece["reward_trace"])
             if piece.get("env_state") is not None:
-                envs.unwrapped.load_state_dict(piece["env_state"])
+                load_env_state_dict(envs, piece["env_state"])
                 next_obs = piece["next_obs"].to(device)
             set_rng_state(piece["rng"])
         else:

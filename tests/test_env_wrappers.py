@@ -357,3 +357,34 @@ def test_interval_randomization_resamples_parameters_every_k_steps():
         make_env("Pendulum-v1", num_envs=2, randomize_interval=5)
     with pytest.raises(ValueError, match="randomize_interval"):
         make_env("PushCubeRL", num_envs=2, randomize_interval=0)
+
+
+def test_env_state_dict_continues_episode_statistics_and_interval_counters_exactly():
+    """A PushCubeRL stack (with interval randomization) restored from env_state_dict() into a fresh make_env
+    continues exactly: same observations, same episode returns/lengths for episodes spanning the restore."""
+    from cleanrl_embodied.shared import env_state_dict, load_env_state_dict
+
+    kwargs = dict(num_envs=16, device="cpu", seed=3, randomize_interval=7, push_friction_range=[0.5, 1.5])
+    gen = torch.Generator().manual_seed(0)
+    actions = [torch.rand(16, 7, generator=gen) * 2 - 1 for _ in range(120)]
+    a = make_env("PushCubeRL", **kwargs)
+    a.reset(seed=3)
+    for act in actions[:50]:
+        a.step(act)
+    state = env_state_dict(a)
+    assert set(state) == {"IntervalRandomization", "EpisodeStatistics", "PushCubeRLVecEnv"}
+    assert state["EpisodeStatistics"]["length"].device.type == "cpu"
+    b = make_env("PushCubeRL", **kwargs)
+    b.reset(seed=99)  # a different state, overwritten by the restore
+    load_env_state_dict(b, state)
+    episodes = 0
+    for act in actions[50:]:
+        out_a, out_b = a.step(act), b.step(act)
+        assert torch.equal(out_a[0], out_b[0]) and torch.equal(out_a[1], out_b[1])
+        ia, ib = out_a[4], out_b[4]
+        assert torch.equal(ia["_episode"], ib["_episode"])
+        for key in ("r", "l"):
+            assert torch.equal(ia["episode"][key][ia["_episode"]], ib["episode"][key][ib["_episode"]])
+        episodes += int(ia["_episode"].sum())
+    assert episodes > 0
+    assert make_env("Pendulum-v1", num_envs=2) is not None and env_state_dict(make_env("Pendulum-v1")) is None

@@ -123,10 +123,15 @@ def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert torch.equal(a["reward_rms"]["var"], b["reward_rms"]["var"])
-    # logging steps continue where the first half stopped
-    acc = EventAccumulator(resumed["run_dir"])
+    # logging steps continue where the first half stopped, and episodes that span the resume keep their
+    # return and length so far (the episode statistics are part of the env state in the checkpoint)
+    acc, full = EventAccumulator(resumed["run_dir"]), EventAccumulator(straight["run_dir"])
     acc.Reload()
+    full.Reload()
     assert [e.step for e in acc.Scalars("charts/SPS")] == [320, 400, 480]
+    for tag in ("charts/episodic_return", "charts/episodic_length"):
+        after = [(e.step, e.value) for e in full.Scalars(tag) if e.step > 240]
+        assert after and [(e.step, e.value) for e in acc.Scalars(tag)] == after, tag
 
 
 def test_resume_refuses_a_checkpoint_of_another_env(tmp_path):

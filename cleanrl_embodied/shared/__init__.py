@@ -1,6 +1,6 @@
 """The small shared package the trainers import: env contract, TensorDict helpers, logging."""
 
-from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, check_env_id, make_env
+from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, check_env_id, env_state_dict, load_env_state_dict, make_env
 from cleanrl_embodied.shared.logging import RunLogger, atomic_save, versions
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, minibatches, rollout_storage
 
@@ -9,8 +9,10 @@ __all__ = [
     "RunLogger",
     "atomic_save",
     "check_env_id",
+    "env_state_dict",
     "flat_dim",
     "flatten_obs",
+    "load_env_state_dict",
     "make_env",
     "minibatches",
     "rollout_storage",

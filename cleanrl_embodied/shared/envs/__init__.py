@@ -31,7 +31,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
     numpy_vector_to_torch,
 )
 
-__all__ = ["BUILTIN_ENV_IDS", "check_env_id", "make_env"]
+__all__ = ["BUILTIN_ENV_IDS", "check_env_id", "env_state_dict", "load_env_state_dict", "make_env"]
 
 BUILTIN_ENV_IDS = ("PushCubeRL",)
 
@@ -101,6 +101,35 @@ def make_env(
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
+
+
+def _layers(env: VectorEnv) -> list:
+    """The wrappers of `env`, outermost first, down to and including `env.unwrapped`."""
+    layers = [env]
+    while layers[-1] is not env.unwrapped and hasattr(layers[-1], "env"):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def env_state_dict(env: VectorEnv) -> dict | None:
+    """Everything needed to continue `env` exactly (for checkpoints): the raw env's ``state_dict()`` and that
+    of every wrapper that has one (episode statistics, interval randomization), keyed by class name, with
+    tensors on the CPU. None when the raw env cannot save its state (numpy Gymnasium sub-envs, ManiSkill)."""
+    layers = _layers(env)
+    if not hasattr(layers[-1], "state_dict"):
+        return None
+    to_cpu = lambda v: {k: to_cpu(x) for k, x in v.items()} if isinstance(v, dict) else (
+        v.cpu() if isinstance(v, torch.Tensor) else v)
+    return {type(layer).__name__: to_cpu(layer.state_dict()) for layer in layers if hasattr(layer, "state_dict")}
+
+
+def load_env_state_dict(env: VectorEnv, state: dict) -> None:
+    """Restore what :func:`env_state_dict` returned into an env built by the same ``make_env`` call."""
+    for layer in _layers(env):
+        if hasattr(layer, "load_state_dict"):
+            if type(layer).__name__ not in state:
+                raise KeyError(f"env state has no entry for {type(layer).__name__} (it has {sorted(state)})")
+            layer.load_state_dict(state[type(layer).__name__])
 
 
 def _offers_rgb_array(env_id: str) -> bool:

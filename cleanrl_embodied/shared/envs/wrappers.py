@@ -56,6 +56,8 @@ class EpisodeStatistics(VectorWrapper):
         if self._return is None:
             self._return = torch.zeros(self.num_envs, dtype=torch.float32, device=reward.device)
             self._length = torch.zeros(self.num_envs, dtype=torch.int32, device=reward.device)
+        elif self._return.device != reward.device:  # restored from a checkpoint loaded on the CPU
+            self._return, self._length = self._return.to(reward.device), self._length.to(reward.device)
         done = terminated | truncated
         episode_return = self._return + reward.float()
         episode_length = self._length + 1
@@ -67,6 +69,13 @@ class EpisodeStatistics(VectorWrapper):
         self._return = torch.where(done, 0.0, episode_return)
         self._length = torch.where(done, 0, episode_length).to(torch.int32)
         return obs, reward, terminated, truncated, info
+
+    def state_dict(self) -> dict[str, torch.Tensor | None]:
+        """Return and length so far of every env's current episode (None before the first step)."""
+        return {"return": self._return, "length": self._length}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
+        self._return, self._length = state["return"], state["length"]
 
 
 def _sorted_box_leaves(space: gym.spaces.Dict, prefix: tuple[str, ...] = ()) -> list:
@@ -449,3 +458,9 @@ class IntervalRandomization(VectorWrapper):
             self.steps_since_event = 0
             self.num_events += 1
         return self.env.step(actions)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps_since_event": self.steps_since_event, "num_events": self.num_events}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps_since_event, self.num_events = int(state["steps_since_event"]), int(state["num_events"])
