@@ -31,15 +31,8 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import (
-    RunLogger,
-    atomic_save,
-    check_env_id,
-    env_state_dict,
-    load_env_state_dict,
-    make_env,
-    rollout_storage,
-)
+from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 
 
 @dataclass
