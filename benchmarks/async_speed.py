@@ -57,7 +57,7 @@ MODES = {"sync": ("ppo_continuous", []), "async": ("ppo_async", ["--max-stalenes
 
 @dataclass
 class Args:
-    latencies: tuple[float, ...] = (0.0, 20.0, 100.0)
+    latencies: tuple[float, ...] = (0.0, 5.0, 20.0, 100.0)
     """--policy-latency-ms values (ms added to every inference call of the rollout)"""
     seeds: int = 3
     """seeds 1..N of each (mode, latency)"""
