@@ -88,6 +88,8 @@ SMOKE = {("ppo_continuous", "PushCubeRL"): "--total-timesteps 2048 --num-envs 64
          "--update-epochs 2 --eval-freq 1 --num-eval-envs 8 --num-eval-episodes 8 --hidden-sizes 32 32"}
 SUITES = {"smoke": (1, SMOKE), "quick": (5, QUICK), "full": (10, None)}
 
+TRAIN_TAIL = 10  # training return of a run = mean of its last this many logged iterations (CleanRL's tables
+# report training returns; ours add the deterministic eval)
 CURVE_TAGS = ("eval/success_rate", "eval/episodic_return", "charts/success_rate", "charts/episodic_return")
 TIMING_TAGS = ("charts/SPS",)  # the only scalars that depend on the clock, left out of the determinism check
 COLORS = {"ppo_continuous": "tab:blue", "grpo": "tab:orange", "ppo_ddp": "tab:green"}
@@ -300,7 +302,7 @@ def task_table(task: str, runs: list[dict]) -> str:
     header = ["script", "seeds", "env steps"]
     if has_success:
         header += ["eval success (mean ± std)", "eval success IQM [95% CI]"]
-    header += ["eval return (mean ± std)", "eval return IQM [95% CI]"]
+    header += ["eval return (mean ± std)", "eval return IQM [95% CI]", f"train return, last {TRAIN_TAIL} iterations"]
     if threshold is not None:
         what = f"success ≥ {threshold:g}" if metric == "success_rate" else f"return ≥ {threshold:g}"
         header += [f"env steps to {what}", f"wall time to {what}"]
@@ -314,7 +316,9 @@ def task_table(task: str, runs: list[dict]) -> str:
             success = [e["success_rate"] or 0.0 for e in ev]
             row += [fmt_mean_std(success, 2), fmt_iqm(success, 2)]
         returns = [e["episodic_return"] for e in ev]
-        row += [fmt_mean_std(returns, 1), fmt_iqm(returns, 1)]
+        train = [float(np.mean(c["value"][-TRAIN_TAIL:])) for r in mine
+                 if (c := r["curves"].get("charts/episodic_return")) and c["value"]]
+        row += [fmt_mean_std(returns, 1), fmt_iqm(returns, 1), fmt_mean_std(train, 1) if train else "-"]
         if threshold is not None:
             steps, times = threshold_hits(mine, metric, threshold)
             row += [fmt_hits(steps, "k", 1e3), fmt_hits(times, " s")]

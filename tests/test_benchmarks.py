@@ -107,7 +107,10 @@ def fake_run(script: str, seed: int, success: list[float], final_return: float) 
             "summary": {"global_step": steps[-1], "wall_time_s": 10.0 * seed, "sps": 1000.0 * seed,
                         "eval": {"success_rate": success[-1], "episodic_return": final_return}},
             "curves": {"eval/success_rate": {"step": steps, "value": success,
-                                             "time_s": [s / 10_000 for s in steps]}}}
+                                             "time_s": [s / 10_000 for s in steps]},
+                       # 15 training points: 5 early ones at -100, then 10 at final_return - 1 and + 1 alternating
+                       "charts/episodic_return": {"step": list(range(15)), "time_s": list(range(15)), "value":
+                                                  [-100.0] * 5 + [final_return + (-1) ** i for i in range(10)]}}}
 
 
 def test_task_table_on_made_up_runs():
@@ -122,8 +125,9 @@ def test_task_table_on_made_up_runs():
     assert row[3] == "0.73 ± 0.38"  # success 1.0, 0.9, 0.3
     assert row[4].startswith("0.73 [")  # IQM of 3 seeds = their mean
     assert row[5] == "-7.0 ± 2.0"
-    assert row[7] == "250k ± 71k (2/3)" and row[8] == "25.0 s ± 7.1 s (2/3)"
-    assert row[9] == "20.0 ± 10.0" and row[10] == "2000 ± 1000 |"
+    assert row[7] == "-7.0 ± 2.0"  # training return: the last 10 points only
+    assert row[8] == "250k ± 71k (2/3)" and row[9] == "25.0 s ± 7.1 s (2/3)"
+    assert row[10] == "20.0 ± 10.0" and row[11] == "2000 ± 1000 |"
 
 
 def test_compare_scalars_ignores_the_clock_only():
