@@ -41,6 +41,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
     RenderFirstEnv,
     SafeRender,
     _float32_space,
+    env_name,
     numpy_vector_to_torch,
 )
 
@@ -151,8 +152,7 @@ class ManiSkillToTorch(RenderFirstEnv):
         self._seed, self._first_reset = seed, True
         space = env.single_action_space
         if not isinstance(space, gym.spaces.Box):
-            name = env.spec.id if env.spec is not None else type(env).__name__
-            raise ValueError(f"--env-id {name!r} has a {type(space).__name__} action space; "
+            raise ValueError(f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
                              "make_env supports continuous (Box) action spaces only")
         self._low = torch.as_tensor(space.low, dtype=torch.float32)
         self._high = torch.as_tensor(space.high, dtype=torch.float32)
@@ -193,9 +193,9 @@ class ManiSkillToTorch(RenderFirstEnv):
         options = dict(options) if options else {}
         group_size = options.pop("group_size", None)
         if group_size is not None and group_size != 1:
-            name = self.env.spec.id if self.env.spec is not None else "this ManiSkill env"
-            raise ValueError(f"reset(options={{'group_size': {group_size}}}): {name} on the GPU backend can't give "
-                             "identical group starts; use sim_backend='physx_cpu' (seeded sub-envs) or PushCubeRL")
+            raise ValueError(f"reset(options={{'group_size': {group_size}}}): {env_name(self.env)} on the GPU backend "
+                             "can't give identical group starts; use sim_backend='physx_cpu' (seeded sub-envs) "
+                             "or PushCubeRL")
         if seed is None and self._first_reset:
             seed = self._seed
         obs, info = self.env.reset(seed=seed, options=options or None)

@@ -150,7 +150,13 @@ def first_frame(frames: Any) -> np.ndarray | None:
 MUJOCO_RENDER_HINT = "; MuJoCo renders headless with MUJOCO_GL=egl (libegl1) or MUJOCO_GL=osmesa (libosmesa6)"
 
 
-def _warn_cannot_render(name: str, error: BaseException | str, hint: str = "") -> None:
+def env_name(env) -> str:
+    """The registered id of an env (or wrapper), for messages; the raw env's class name when it has no spec."""
+    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+
+
+def _warn_cannot_render(env, error: BaseException | str, hint: str = "") -> None:
+    name = env_name(env)
     reason = error if isinstance(error, str) else f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
     warnings.warn(f"{name} cannot render here ({reason[:200]}); render() returns None{hint}", RuntimeWarning,
                   stacklevel=3)
@@ -181,8 +187,7 @@ class SafeRender(gym.Wrapper):
             frame, error = None, e
         if error is not None:
             self.cannot_render = True
-            _warn_cannot_render(self.spec.id if self.spec is not None else type(self.unwrapped).__name__,
-                                error, self.hint)
+            _warn_cannot_render(self, error, self.hint)
         return frame
 
 
@@ -208,8 +213,7 @@ class RenderFirstEnv(VectorWrapper):
             return first_frame(self._render_frames())
         except Exception as e:  # any renderer failure means "no video", never a crash
             self._render_failed = True
-            _warn_cannot_render(self.spec.id if self.spec is not None else type(self.unwrapped).__name__,
-                                e, self.render_hint)
+            _warn_cannot_render(self, e, self.render_hint)
             return None
 
 
@@ -359,10 +363,9 @@ class GymnasiumToTorch(RenderFirstEnv):
             differs = ~np.all(grouped == grouped[:, :1], axis=(1, 2))
             if differs.any():
                 group = int(np.flatnonzero(differs)[0])
-                env_name = self.env.spec.id if self.env.spec is not None else str(self.env)
                 raise ValueError(
-                    f"reset(options={{'group_size': {group_size}}}): {env_name} can't give identical starts: "
-                    f"the envs of group {group} were all reset with seed {seeds[group * group_size]} but "
+                    f"reset(options={{'group_size': {group_size}}}): {env_name(self.env)} can't give identical "
+                    f"starts: the envs of group {group} were all reset with seed {seeds[group * group_size]} but "
                     "their first observations differ (its reset ignores the seed or is not deterministic)"
                 )
 
@@ -413,9 +416,8 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
     try:
         space = env.single_action_space
         if not isinstance(space, gym.spaces.Box):
-            name = env.spec.id if env.spec is not None else type(env).__name__
             raise ValueError(
-                f"--env-id {name!r} has a {type(space).__name__} action space; "
+                f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
                 "make_env supports continuous (Box) action spaces only"
             )
         low, high = space.low, space.high
