@@ -56,8 +56,6 @@ class EpisodeStatistics(VectorWrapper):
         if self._return is None:
             self._return = torch.zeros(self.num_envs, dtype=torch.float32, device=reward.device)
             self._length = torch.zeros(self.num_envs, dtype=torch.int32, device=reward.device)
-        elif self._return.device != reward.device:  # restored from a checkpoint loaded on the CPU
-            self._return, self._length = self._return.to(reward.device), self._length.to(reward.device)
         done = terminated | truncated
         episode_return = self._return + reward.float()
         episode_length = self._length + 1
@@ -75,7 +73,9 @@ class EpisodeStatistics(VectorWrapper):
         return {"return": self._return, "length": self._length}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
-        self._return, self._length = state["return"], state["length"]
+        """Restore :meth:`state_dict` (tensors on any device: they go to the raw env's device)."""
+        device = getattr(self.unwrapped, "device", None)
+        self._return, self._length = (None if t is None else t.to(device) for t in (state["return"], state["length"]))
 
 
 def _sorted_box_leaves(space: gym.spaces.Dict, prefix: tuple[str, ...] = ()) -> list:
