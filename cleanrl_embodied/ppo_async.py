@@ -625,7 +625,7 @@ def main(args: Args) -> dict:
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         reward_trace.copy_(ckpt["reward_trace"])
-        consumed, version, dropped = ckpt["consumed"], ckpt["version"], ckpt["dropped"]
+        consumed, version, dropped = ckpt["iteration"], ckpt["version"], ckpt["dropped"]
         global_step = ckpt["global_step"]
         best_key = tuple(ckpt["best_key"])
         set_rng_state(ckpt["rng"])
@@ -651,7 +651,7 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str, with_collector: bool = True) -> str:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                 "reward_rms": reward_rms.state_dict(), "reward_trace": reward_trace, "consumed": consumed,
+                 "reward_rms": reward_rms.state_dict(), "reward_trace": reward_trace,
                  "iteration": consumed, "version": version, "global_step": global_step, "dropped": dropped,
                  "num_iterations": num_iterations, "best_key": list(best_key), "env_id": args.env_id,
                  "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args), "rng": rng_state(),

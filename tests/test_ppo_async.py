@@ -208,7 +208,7 @@ def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path
     summary = json.loads((run_dir / "summary.json").read_text())
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert summary["global_step"] == ckpt["global_step"] > 0
-    assert ckpt["collector"] is not None and ckpt["collector"]["next_index"] >= ckpt["consumed"]
+    assert ckpt["collector"] is not None and ckpt["collector"]["next_index"] >= ckpt["iteration"]
 
 
 def test_default_ppo_async_learns_to_push_the_cube(tmp_path):
