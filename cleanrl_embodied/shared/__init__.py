@@ -2,7 +2,7 @@
 
 from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, check_env_id, env_state_dict, load_env_state_dict, make_env
 from cleanrl_embodied.shared.logging import RunLogger, atomic_save, versions
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, minibatches, rollout_storage
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, rollout_storage
 
 __all__ = [
     "BUILTIN_ENV_IDS",
@@ -14,7 +14,6 @@ __all__ = [
     "flatten_obs",
     "load_env_state_dict",
     "make_env",
-    "minibatches",
     "rollout_storage",
     "versions",
 ]

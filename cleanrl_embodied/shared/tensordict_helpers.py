@@ -6,7 +6,7 @@ own code with torch.compile or CUDA graphs without these helpers getting in the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -61,12 +61,3 @@ def rollout_storage(
         device=device,
     )
 
-
-def minibatches(
-    batch: TensorDict, minibatch_size: int, generator: torch.Generator | None = None
-) -> Iterator[TensorDict]:
-    """Yield shuffled minibatches of a flat (1-D batch) TensorDict; a short last minibatch is dropped."""
-    n = batch.batch_size[0]
-    perm = torch.randperm(n, device=batch.device, generator=generator)
-    for start in range(0, n - minibatch_size + 1, minibatch_size):
-        yield batch[perm[start : start + minibatch_size]]
