@@ -37,10 +37,10 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
-__all__ = ["RunLogger", "atomic_save", "versions"]
+__all__ = ["RolloutStats", "RunLogger", "atomic_save", "versions"]
 
 EVAL_KEYS = ("success_rate", "episodic_return", "episodic_length", "global_step")
-"""Keys of the ``"eval"`` entry of summary.json, in order (CONVENTIONS.md)."""
+"""Keys of the ``"eval"`` entry of summary.json, in order (docs/RUNS.md)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,29 +224,18 @@ class RunLogger:
 
     Args:
         script: name of the trainer, e.g. ``"ppo_continuous"`` (goes into summary.json).
-        args: the tyro ``Args`` dataclass; stored as a JSON-safe dict (``self.args``).
-        env_id, seed, exp_name: used for the run name and summary.json.
-        output_dir: parent folder of all runs.
-        track: also log to Weights & Biases (TensorBoard scalars are synced to it).
-        wandb_project_name, wandb_entity: W&B project and entity.
+        args: the tyro ``Args`` dataclass (or a dict); stored as a JSON-safe dict (``self.args``). Its
+            fields env_id, seed, exp_name, output_dir (default "runs"), track (default False),
+            wandb_project_name and wandb_entity name and place the run.
         total_iterations: length of the console progress bar (None: no total).
         console: show the progress bar and ``write()`` messages; False keeps the console quiet.
     """
 
-    def __init__(
-        self,
-        script: str,
-        args: Any,
-        env_id: str,
-        seed: int,
-        exp_name: str,
-        output_dir: str | os.PathLike = "runs",
-        track: bool = False,
-        wandb_project_name: str = "cleanrl_embodied",
-        wandb_entity: str | None = None,
-        total_iterations: int | None = None,
-        console: bool = True,
-    ):
+    def __init__(self, script: str, args: Any, total_iterations: int | None = None, console: bool = True):
+        self.args = _args_dict(args)
+        env_id, seed, exp_name = self.args["env_id"], self.args["seed"], self.args["exp_name"]
+        output_dir = self.args.get("output_dir") or "runs"
+        track = bool(self.args.get("track", False))
         self.script = script
         self.env_id = env_id
         self.seed = seed
@@ -254,7 +243,6 @@ class RunLogger:
         self.track = track
         self.console = console
         self.total_iterations = total_iterations
-        self.args = _args_dict(args)
 
         # Run directory: mkdir (no exist_ok) claims the name even if two runs start at the same second.
         base = f"{env_id}__{exp_name}__{seed}__{int(time.time())}".replace(os.sep, "_")
@@ -284,8 +272,8 @@ class RunLogger:
             wandb.tensorboard.unpatch()
             wandb.tensorboard.patch(root_logdir=str(self.run_dir))
             wandb.init(
-                project=wandb_project_name,
-                entity=wandb_entity,
+                project=self.args.get("wandb_project_name") or "cleanrl_embodied",
+                entity=self.args.get("wandb_entity"),
                 sync_tensorboard=True,  # must run before SummaryWriter is created
                 config=self.args,
                 name=self.run_name,
@@ -429,7 +417,7 @@ class RunLogger:
         checkpoint: str | os.PathLike | None = None,
         **extra: Any,
     ) -> Path:
-        """Write ``summary.json`` atomically in the schema of CONVENTIONS.md and return its path.
+        """Write ``summary.json`` atomically in the schema of docs/RUNS.md and return its path.
 
         ``eval`` holds success_rate / episodic_return / episodic_length / global_step of the last
         evaluation (missing ones are null; None means no evaluation yet); further keys are kept.
@@ -460,6 +448,17 @@ class RunLogger:
         return _atomic_write(self.run_dir / "summary.json", lambda f: f.write(text.encode()))
 
     # -- shutdown -------------------------------------------------------------------------------
+    def finish(self, global_step: int, wall_time_s: float, sps: float, eval: Mapping[str, Any] | None,
+               checkpoint: str | os.PathLike | None, exit_code: int = 0, **extra: Any) -> Path:
+        """The end of a run (also after Ctrl-C or an error): write summary.json, print the ``done:`` line,
+        close. Returns the summary path."""
+        path = self.write_summary(global_step=global_step, wall_time_s=wall_time_s, sps=sps, eval=eval,
+                                  checkpoint=checkpoint, **extra)
+        more = "".join(f" {k}={v}" for k, v in extra.items())
+        self.write(f"done: global_step={global_step} wall_time={wall_time_s:.1f}s{more} eval={eval}")
+        self.close(exit_code=exit_code)
+        return path
+
     def close(self, exit_code: int = 0) -> None:
         """Close the progress bar, flush and close TensorBoard, finish W&B. Safe to call twice."""
         if self._closed:
@@ -481,6 +480,50 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # Ctrl-C is a clean end of a run (CONVENTIONS.md); other exceptions mark the W&B run failed.
+        # Ctrl-C is a clean end of a run (docs/RUNS.md); other exceptions mark the W&B run failed.
         failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
         self.close(exit_code=1 if failed else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout statistics
+# ---------------------------------------------------------------------------------------------
+class RolloutStats:
+    """What the envs report during a rollout, summed on the device without host syncs: the finished
+    episodes' return, length and success (``info["episode"]``) and the reward terms (``info["rewards"]``).
+
+    Call ``add(info)`` after every env step (``counted`` restricts which finished episodes count) and
+    ``scalars()`` once at the end: ``charts/episodic_return``, ``charts/episodic_length``,
+    ``charts/success_rate`` (envs with a success signal only) when an episode finished, and
+    ``rewards/<term>`` (mean per env step) when the env reports terms. ``sums`` is one flat tensor, so a
+    data-parallel trainer can all-reduce it before ``scalars()``.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.sums = torch.zeros(4, device=device)  # episodes, return, length, success; then one per term
+        self.terms: list[str] = []
+        self.has_success = False
+        self.env_steps = 0
+
+    def add(self, info: Mapping[str, Any], counted: torch.Tensor | None = None) -> None:
+        ended, ep = (info["_episode"] if counted is None else counted), info["episode"]
+        parts = [ended.sum().float()] + [torch.where(ended, ep[k].float(), 0.0).sum() for k in ("r", "l", "success")]
+        rewards = info.get("rewards", {})
+        if rewards and not self.terms:
+            self.terms = list(rewards)
+            self.sums = torch.cat([self.sums, self.sums.new_zeros(len(self.terms))])
+        parts += [rewards[k].float().sum() for k in self.terms]
+        self.sums += torch.stack(parts)
+        self.has_success = self.has_success or "success" in info
+        self.env_steps += ended.numel()
+
+    def scalars(self) -> dict[str, torch.Tensor]:
+        """CleanRL-named means (tensors: RunLogger.log fetches them with one transfer). One host sync."""
+        out: dict[str, torch.Tensor] = {}
+        if float(self.sums[0]) > 0:
+            n = self.sums[0]
+            out.update({"charts/episodic_return": self.sums[1] / n, "charts/episodic_length": self.sums[2] / n})
+            if self.has_success:  # envs without a success signal (e.g. MuJoCo locomotion) log none
+                out["charts/success_rate"] = self.sums[3] / n
+        out.update({f"rewards/{k}": self.sums[4 + i] / max(self.env_steps, 1) for i, k in enumerate(self.terms)})
+        return out

@@ -1,0 +1,102 @@
+"""The evaluation loop every trainer uses, given a policy callable.
+
+``evaluate`` runs whole episodes on the eval envs and averages them; ``Evaluator`` adds what a run
+needs around it: fresh, reproducible starts for every evaluation, videos, the ``eval/*`` scalars and
+the record of the best evaluation so far (the trainer saves ``best.pt`` when it says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from cleanrl_embodied.shared.logging import RunLogger
+
+__all__ = ["Evaluator", "evaluate", "evaluation_seed"]
+
+Act = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def evaluation_seed(seed: int, global_step: int) -> int:
+    """The reset seed of the evaluation at ``global_step``: a hash of (seed, step), so every evaluation
+    starts from fresh episodes, the same ones in a rerun or a resumed run, and none shares the training
+    envs' seeds (seed, seed + 1, ...)."""
+    return int(np.random.SeedSequence([seed, 10_000, global_step]).generate_state(1)[0] % 2**31)
+
+
+@torch.no_grad()
+def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | None = None) -> dict[str, Any]:
+    """Run ``num_episodes`` episodes (each of the N eval envs contributes its first ceil(num_episodes / N)
+    completed ones) and average return, length, success and the env's ``info["metrics"]``.
+
+    ``act(obs, generator)`` returns the actions; sampling policies draw from ``generator`` (seeded from
+    ``seed``), so evaluating never touches the training run's random streams. With ``video_frames`` a
+    list, the first env's frames of its first episode are appended (``None`` where it can't render).
+    ``success_rate`` is None for envs without a success signal.
+    """
+    obs, _ = env.reset(seed=seed)
+    device = env_device(obs)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n = env.num_envs
+    per_env = -(-num_episodes // n)  # ceil
+    done_count = torch.zeros(n, dtype=torch.long, device=device)
+    sums, metric_sums, has_success = torch.zeros(3, device=device), {}, False
+    while bool((done_count < per_env).any()):
+        obs, _, _, _, info = env.step(act(obs, gen))
+        has_success = has_success or "success" in info
+        if video_frames is not None and int(done_count[0]) == 0:
+            frame = env.render()
+            video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
+        counted = info["_episode"] & (done_count < per_env)
+        ep = info["episode"]
+        sums += torch.stack([torch.where(counted, ep[k].float(), 0.0).sum() for k in ("r", "l", "success")])
+        for k, v in info.get("metrics", {}).items():
+            metric_sums[k] = metric_sums.get(k, 0.0) + torch.where(counted, v.float(), 0.0).sum()
+        done_count += info["_episode"].long()
+    ret, length, success = (sums / (per_env * n)).tolist()
+    result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
+    result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})
+    return result
+
+
+def env_device(obs) -> torch.device:
+    """Device of an observation (a tensor or a TensorDict)."""
+    return obs.device if obs.device is not None else next(iter(obs.values(True, True))).device
+
+
+class Evaluator:
+    """Evaluations of one run: ``run(act, global_step)`` evaluates on fresh starts, logs ``eval/*``,
+    writes a video if asked and returns ``(result, is_best)``; ``best_key`` (success rate, return) of the
+    best evaluation so far is part of a checkpoint so a resumed run keeps comparing against it."""
+
+    def __init__(self, env, logger: RunLogger, seed: int, num_episodes: int, capture_video: bool):
+        self.env, self.logger, self.seed, self.num_episodes = env, logger, seed, num_episodes
+        self.capture_video = capture_video
+        self.best_key: tuple[float, float] = (-1.0, -float("inf"))
+
+    def run(self, act: Act, global_step: int) -> tuple[dict[str, Any], bool]:
+        frames = [] if self.capture_video else None
+        result = evaluate(act, self.env, self.num_episodes, evaluation_seed(self.seed, global_step), frames)
+        result["global_step"] = global_step
+        self.logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None},
+                        global_step)
+        if frames is not None and (not frames or frames[0] is None):
+            self.logger.write("warning: the eval env cannot render here; no video, training goes on")
+            self.capture_video = False
+        elif frames:
+            self.logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{global_step}", global_step)
+        key = (result["success_rate"] or 0.0, result["episodic_return"])
+        is_best = key > self.best_key
+        self.best_key = max(key, self.best_key)
+        return result, is_best
+
+    def run_checkpoint(self, act: Act, ckpt: dict, path: str) -> dict[str, Any]:
+        """``--eval-checkpoint``: evaluate the saved policy, write summary.json, close the logger and env."""
+        result, _ = self.run(act, ckpt["global_step"])
+        self.logger.write(f"eval of {path}: {result}")
+        self.logger.finish(global_step=ckpt["global_step"], wall_time_s=0.0, sps=0.0, eval=result, checkpoint=path)
+        self.env.close()
+        return {"run_dir": str(self.logger.run_dir), "eval": result, "global_step": ckpt["global_step"]}
