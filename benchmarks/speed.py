@@ -11,12 +11,12 @@ Three parts, measured one after another in this one invocation (threads pinned, 
 2. train: each script's CLI in its own process (`--eval-freq 0 --save-freq 0`), eager and then `--compile`
    with the same flags; steady-state SPS = median over iterations after `--skip` of batch / the time between
    consecutive `charts/SPS` TensorBoard events; end-to-end SPS (compilation included) from summary.json.
-3. breakdown: each script's real `main()` runs in this process with timers patched into its module's
-   globals (nothing in the trainer changes): `make_env` returns envs whose `step`/`reset` are timed (env step),
-   `policy_step` and the no-grad critic calls `Agent.get_value` are timed (policy forward), and the first
-   advantage function of an iteration (`compute_gae`, or `first_episode_mask`/`returns_to_go`) marks the start
-   of the update, which runs until the iteration's `RunLogger.log` (advantages + epochs of minibatch
-   loss/backward/step). The iteration is the time between two `log` calls; the rest (overhead) is what is
+3. breakdown: each script's real `main()` runs in this process, timed through public seams only (nothing
+   of the trainer module is replaced): the agent comes from the policy hook (`--policy speed:timed_agent`, the
+   script's own network whose no-grad calls are timed: policy forward), the envs that `shared.cli.build_env`
+   makes time their `step`/`reset` (env step), and the update runs from the rollout's last forward to the
+   iteration's `RunLogger.log` (advantages + epochs of minibatch loss/backward/step). The iteration is the
+   time between two `log` calls; the rest (overhead) is what is
    left: storage writes, finite checks, episode statistics, logging, progress bar. On CUDA the timers
    synchronize at every boundary. Profilers were not used: cProfile's per-call cost inflates exactly the
    Python-heavy parts (env wrappers, TensorDict) whose share we want to know.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import statistics
@@ -61,8 +62,6 @@ from benchlib import (
 from gymnasium.vector import VectorWrapper
 
 STEPS_PER_ENV = {"ppo_continuous": 20, "ppo_ddp": 20, "grpo": 50}  # rollout length per iteration (grpo: the horizon)
-UPDATE_START = {"ppo_continuous": ("compute_gae",), "ppo_ddp": ("compute_gae",),
-                "grpo": ("first_episode_mask", "returns_to_go")}
 PHASES = ("env", "policy", "update", "rest")
 
 
@@ -210,6 +209,7 @@ class PhaseTimer:
         self.device, self.depth = device, 0
         self.window: dict[str, float] = defaultdict(float)
         self.update_start: float | None = None
+        self.rollout_end: float | None = None
         self.last_log: float | None = None
         self.rows: list[dict[str, float]] = []
 
@@ -268,39 +268,60 @@ class TimedEnv(VectorWrapper):
             return self.env.reset(**kwargs)
 
 
+TIMER: PhaseTimer | None = None
+"""The timer of the breakdown in progress, read by `timed_agent` (a --policy factory gets no other handle)."""
+
+
+def timed_agent(obs_space, act_space, args):
+    """--policy speed:timed_agent: the trainer's own network, with its inference calls timed as "policy". The
+    update starts at the first training forward after the rollout; the work between the rollout's last forward
+    (V of the last obs) and that point (advantages, batch assembly) is counted as update too."""
+    base = importlib.import_module(type(args).__module__)
+    agent_class = getattr(base, "Agent", None) or base.Actor
+    timer = TIMER
+
+    class TimedAgent(agent_class):
+        def _timed(self, fn, obs):
+            if torch.is_grad_enabled():  # a training forward: the update is under way
+                if timer.update_start is None:
+                    timer.update_start = timer.rollout_end
+                return fn(obs)
+            with timer.section("policy"):
+                out = fn(obs)
+            timer.rollout_end = time.perf_counter()
+            return out
+
+        def dist(self, obs):
+            return self._timed(super().dist, obs)
+
+        def get_value(self, obs):
+            return self._timed(super().get_value, obs)
+
+    dims = (obs_space.shape[0], act_space.shape[0])
+    return TimedAgent(*dims, args) if agent_class.__name__ == "Agent" else TimedAgent(
+        *dims, args.hidden_sizes, args.init_logstd)
+
+
 @contextlib.contextmanager
-def instrumented(module, script: str, timer: PhaseTimer):
-    """Patch the trainer module's globals with timed versions; restore them afterwards."""
-    originals = {name: getattr(module, name) for name in ("make_env", "policy_step", "RunLogger",
-                                                            *UPDATE_START[script], "Agent") if hasattr(module, name)}
+def instrumented(timer: PhaseTimer):
+    """Time the real loop through public seams: the agent comes from `--policy speed:timed_agent`, the envs
+    that `shared.cli.build_env` makes are wrapped in `TimedEnv`, and every `RunLogger.log` carrying
+    charts/SPS closes an iteration. Nothing of the trainer module is replaced; all is restored afterwards."""
+    global TIMER
+    from cleanrl_embodied.shared import cli, logging
 
-    class QuietTimedLogger(originals["RunLogger"]):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **{**k, "console": False})
+    make_env, log = cli.make_env, logging.RunLogger.log
 
-        def log(self, scalars, step):
-            if "charts/SPS" in scalars:
-                timer.iteration_end()
-            super().log(scalars, step)
+    def timed_log(self, scalars, step):
+        if "charts/SPS" in scalars:
+            timer.iteration_end()
+        log(self, scalars, step)
 
-    patches = {"make_env": lambda *a, **k: TimedEnv(originals["make_env"](*a, **k), timer),
-               "policy_step": timer.timed("policy", originals["policy_step"]), "RunLogger": QuietTimedLogger,
-               **{name: timer.marks_update(originals[name]) for name in UPDATE_START[script]}}
-    if "Agent" in originals:
-        class TimedAgent(originals["Agent"]):
-            def get_value(self, obs):  # the rollout's critic calls run without grad; the loss's with grad
-                if torch.is_grad_enabled():
-                    return super().get_value(obs)
-                with timer.section("policy"):
-                    return super().get_value(obs)
-        patches["Agent"] = TimedAgent
+    TIMER, cli.make_env, logging.RunLogger.log = timer, lambda *a, **k: TimedEnv(make_env(*a, **k), timer), timed_log
     try:
-        for name, value in patches.items():
-            setattr(module, name, value)
         yield
     finally:
-        for name, value in originals.items():
-            setattr(module, name, value)
+        TIMER, cli.make_env, logging.RunLogger.log = None, make_env, log
 
 
 def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: str, extra: str) -> dict:
@@ -308,9 +329,9 @@ def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: st
     whole iteration, env, policy, update and rest. Means, not medians, so that the parts add up to the whole:
     "overhead <= 10% of wall time" is a statement about sums."""
     module = importlib.import_module(f"cleanrl_embodied.{script}")
-    flags = training_flags(script, num_envs, iterations, device, extra)
+    flags = training_flags(script, num_envs, iterations, device, extra) + ["--policy", f"{__name__}:timed_agent"]
     timer = PhaseTimer(device)
-    with tempfile.TemporaryDirectory() as tmp, instrumented(module, script, timer):
+    with tempfile.TemporaryDirectory() as tmp, instrumented(timer), contextlib.redirect_stderr(io.StringIO()):
         module.main(tyro.cli(module.Args, args=[*flags, "--output-dir", tmp]))
     rows = timer.rows[max(0, skip - 1):]
     if not rows:

@@ -16,12 +16,10 @@ algorithm and what a checkpoint holds are all here. Copy this file and edit it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import numpy as np
 import torch
@@ -31,66 +29,18 @@ from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
 from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
-from cleanrl_embodied.shared.cli import (
-    StopFlag,
-    build_env,
-    check_args,
-    check_policy,
-    fail,
-    load_factory,
-    pick_device,
-    seed_everything,
-)
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
 
 
 @dataclass
-class Args:
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
-    track: bool = False
-    """log to Weights & Biases (synced with TensorBoard)"""
-    wandb_project_name: str = "cleanrl_embodied"
-    """the W&B project name"""
-    wandb_entity: str | None = None
-    """the W&B entity (team)"""
-    capture_video: bool = False
-    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
-    output_dir: str = "runs"
-    """root folder of run directories"""
-
-    # Environment
-    env_id: str = "PushCubeRL"
-    """the environment id: PushCubeRL or any Gymnasium id with a Box action space"""
-    env_kwargs: str = "{}"
-    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
-    eval_env_kwargs: str = "{}"
-    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
-    env_vectorization: Literal["sync", "async"] = "sync"
-    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
     num_envs: int = 256
     """number of parallel training environments"""
-    num_eval_envs: int = 64
-    """number of parallel evaluation environments"""
-    num_eval_episodes: int = 64
-    """episodes per evaluation (each eval env contributes its first completed episodes)"""
-    eval_freq: int = 25
-    """evaluate every this many iterations (0: only the final evaluation)"""
-    eval_deterministic: bool = True
-    """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint (with video if --capture-video) and exit without training"""
-    save_freq: int = 25
-    """write checkpoints/last.pt (and a numbered copy) every this many iterations; always at the end"""
-    resume: str | None = None
-    """continue training from this checkpoint (counters, optimizer, schedule, RNG and env state)"""
 
     # Algorithm
     total_timesteps: int = 2_000_000
@@ -135,25 +85,15 @@ class Args:
     """clip normalized observations to [-clip, clip]"""
     clip_reward: float = 10.0
     """clip scaled rewards to [-clip, clip]"""
-    max_consecutive_skips: int = 10
-    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
-    compile: bool = False
-    """torch.compile the policy step, GAE and the loss"""
     cudagraphs: bool = False
     """capture the policy step in a CUDA graph (CUDA only)"""
-    policy: str | None = None
-    """build the agent with this `module:factory` instead of the MLP `Agent` (contract: docs/POLICIES.md)"""
-    policy_kwargs: str = "{}"
-    """JSON keyword arguments of the --policy factory, e.g. '{"model_path": "my_vla.pt"}'"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                               "num_eval_envs", "num_eval_episodes", "max_consecutive_skips", "learning_rate",
-                               "clip_obs", "clip_reward", "gamma"),
-               non_negative=("eval_freq", "save_freq", "gae_lambda", "clip_coef", "ent_coef", "vf_coef"),
-               json_objects=("env_kwargs", "eval_env_kwargs", "policy_kwargs"), files=("resume", "eval_checkpoint"))
+                               "learning_rate", "clip_obs", "clip_reward", "gamma"),
+               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"))
     batch_size = args.num_envs * args.num_steps
     if args.num_minibatches > batch_size // 2 or batch_size % args.num_minibatches:
         fail(f"--num-minibatches must divide the batch size num_envs*num_steps={batch_size} into minibatches "
@@ -230,10 +170,7 @@ def make_agent(envs, args: Args) -> nn.Module:
     """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
     if args.policy is None:
         return Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args)
-    factory = load_factory(args.policy, "policy")
-    agent = factory(envs.single_observation_space, envs.single_action_space, args, **json.loads(args.policy_kwargs))
-    check_policy(agent, args.policy, ("dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
-    return agent
+    return build_policy(args, envs, needs=("dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
 
 
 def policy_step(agent: Agent, obs: torch.Tensor) -> TensorDict:
@@ -310,14 +247,6 @@ def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tenso
         trace.masked_fill_(dones[t], 0.0)
     rms.update(traces)
     return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
-
-
-def check_finite(name: str, bad_step: torch.Tensor, global_step: int, num_envs: int) -> None:
-    """bad_step[n] is the first rollout step at which env n produced a non-finite value, or -1."""
-    if bool((bad_step >= 0).any()):
-        envs = torch.nonzero(bad_step >= 0).flatten()
-        first = int(bad_step[envs].min())
-        fail(f"non-finite {name} from env(s) {envs[:8].tolist()} at global step {global_step + (first + 1) * num_envs}")
 
 
 def main(args: Args) -> dict:
@@ -407,8 +336,7 @@ def main(args: Args) -> dict:
 
             # ---- rollout: no host sync inside this loop ----
             rollout_stats = RolloutStats(device)
-            bad_obs = torch.full((args.num_envs,), -1, device=device)
-            bad_reward = bad_obs.clone()
+            watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
                     out = policy(next_obs)
@@ -419,12 +347,9 @@ def main(args: Args) -> dict:
                     storage["final_value"][step] = value_fn(info["final_obs"])  # used only where an episode ended
                     storage["reward"][step], storage["terminated"][step] = reward, terminated
                     storage["done"][step] = terminated | truncated
-                    obs_ok = torch.isfinite(next_obs).all(-1) & torch.isfinite(info["final_obs"]).all(-1)
-                    bad_obs = torch.where((bad_obs < 0) & ~obs_ok, step, bad_obs)
-                    bad_reward = torch.where((bad_reward < 0) & ~torch.isfinite(reward), step, bad_reward)
+                    watch.update(step, next_obs, info["final_obs"], reward)
                     rollout_stats.add(info)
-                check_finite("observation", bad_obs, global_step, args.num_envs)
-                check_finite("reward", bad_reward, global_step, args.num_envs)
+                watch.check(global_step, args.num_envs)  # one line naming the envs and the step, if any
                 global_step += batch_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----

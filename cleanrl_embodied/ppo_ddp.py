@@ -4,11 +4,12 @@
     uv run python cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL        # without torchrun: a world of one
 
 This is ppo_continuous.py made data-parallel; it has the same flags plus `--backend` and `--dist-timeout-s`.
-Every rank steps its own `--num-envs` envs (seeded seed + rank * num_envs), collects its own rollout and
-cuts it into its own minibatches; `--total-timesteps` counts the env steps of all ranks together.
-What keeps the ranks one run:
+Every rank steps its own `--num-envs` envs (seeded seed + rank * num_envs), collects its own rollout and cuts
+it into its own minibatches (rank r > 0 samples from a stream seeded by a hash of (seed, r));
+`--total-timesteps` counts the env steps of all ranks together. Process-group set-up and teardown live in
+`cleanrl_embodied.shared.distributed`. What keeps the ranks one run:
 
-- identical initial weights (same seed, checked bit for bit against rank 0 at start and at the end);
+- identical initial weights (rank 0's broadcast to all at start, checked bit for bit at the end);
 - `sync_gradients`: before every optimizer step, one all-reduce of one flat buffer holding every gradient
   and the loss, so all ranks step with the same averaged gradient and skip the same non-finite steps;
 - observation and reward normalizers merged over all ranks (all-gather of count, mean, variance);
@@ -20,16 +21,12 @@ What keeps the ranks one run:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
 import signal
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -39,65 +36,30 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
+from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
+from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
 
 
 @dataclass
-class Args:
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
     exp_name: str = "ppo_ddp"
     """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment; initial weights use it on every rank, envs seed + rank * num_envs"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA when it is available, one GPU per rank (LOCAL_RANK); ``--no-cuda`` forces the CPU"""
+    num_envs: int = 256
+    """number of parallel training environments per rank"""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend: auto = nccl on CUDA, gloo on CPU"""
     dist_timeout_s: int = 300
     """seconds any rank waits in a collective for a missing rank before all stop with an error; must exceed
     rank 0's longest pause (an evaluation plus a checkpoint)"""
-    track: bool = False
-    """log to Weights & Biases (synced with TensorBoard)"""
-    wandb_project_name: str = "cleanrl_embodied"
-    """the W&B project name"""
-    wandb_entity: str | None = None
-    """the W&B entity (team)"""
-    capture_video: bool = False
-    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
-    output_dir: str = "runs"
-    """root folder of run directories (written by rank 0 only)"""
-
-    # Environment
-    env_id: str = "PushCubeRL"
-    """the environment id: PushCubeRL or any Gymnasium id with a Box action space"""
-    env_kwargs: str = "{}"
-    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
-    eval_env_kwargs: str = "{}"
-    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
-    env_vectorization: Literal["sync", "async"] = "sync"
-    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
-    num_envs: int = 256
-    """number of parallel training environments PER RANK"""
-    num_eval_envs: int = 64
-    """number of parallel evaluation environments (rank 0 evaluates alone)"""
-    num_eval_episodes: int = 64
-    """episodes per evaluation (each eval env contributes its first completed episodes)"""
-    eval_freq: int = 25
-    """evaluate every this many iterations (0: only the final evaluation)"""
-    eval_deterministic: bool = True
-    """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint on rank 0 (with video if --capture-video) and exit without training"""
-    save_freq: int = 25
-    """write checkpoints/last.pt (and a numbered copy) every this many iterations; always at the end"""
-    resume: str | None = None
-    """continue from this checkpoint (read by rank 0 and sent to all ranks; any world size)"""
 
     # Algorithm
     total_timesteps: int = 2_000_000
-    """total environment steps, summed over all envs of ALL ranks"""
+    """total environment steps (summed over the envs of all ranks)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -109,11 +71,11 @@ class Args:
     gae_lambda: float = 0.9
     """lambda of generalized advantage estimation"""
     num_minibatches: int = 8
-    """minibatches per epoch; each rank splits its own batch (num_envs*num_steps) into this many"""
+    """minibatches per epoch"""
     update_epochs: int = 4
     """optimization epochs per rollout"""
     norm_adv: bool = True
-    """normalize advantages per minibatch (with each rank's own minibatch statistics)"""
+    """normalize advantages per minibatch"""
     clip_coef: float = 0.2
     """PPO surrogate clipping coefficient"""
     clip_vloss: bool = False
@@ -123,94 +85,43 @@ class Args:
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.5
-    """global gradient-norm clipping (of the rank-averaged gradient)"""
+    """global gradient-norm clipping"""
     target_kl: float | None = 0.1
-    """stop the epoch loop early when the epoch's mean approximate KL (over ranks) exceeds this (None disables)"""
+    """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
     hidden_sizes: tuple[int, ...] = (128, 128)
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
     norm_obs: bool = False
-    """normalize observations with running mean/std merged over all ranks (updated from rollouts, frozen at eval)"""
+    """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
     norm_reward: bool = False
-    """scale rewards by the running std of the discounted return (statistics merged over all ranks)"""
+    """scale rewards by the running std of the discounted return"""
     clip_obs: float = 10.0
     """clip normalized observations to [-clip, clip]"""
     clip_reward: float = 10.0
     """clip scaled rewards to [-clip, clip]"""
-    max_consecutive_skips: int = 10
-    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient (on any rank)"""
-    compile: bool = False
-    """torch.compile the policy step, GAE and the loss"""
     cudagraphs: bool = False
     """capture the policy step in a CUDA graph (CUDA only)"""
 
 
-def fail(msg: str, show: bool = True) -> None:
-    """Exit with one line; show=False exits quietly (rank 0 or the rank concerned prints the line)."""
-    raise SystemExit(f"error: {msg}" if show else 1)
-
-
-def validate(args: Args) -> None:
-    """Raise ValueError with one line naming the flag, before any process group or env is built."""
-    for name in ("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                 "num_eval_envs", "num_eval_episodes", "max_consecutive_skips", "dist_timeout_s"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    for name in ("eval_freq", "save_freq"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0 disables), got {getattr(args, name)}")
-    batch_size = args.num_envs * args.num_steps
-    if args.num_minibatches > batch_size or batch_size % args.num_minibatches:
-        raise ValueError(f"--num-minibatches must divide the per-rank batch size num_envs*num_steps={batch_size} "
-                         f"(minibatch no larger than the batch), got {args.num_minibatches}")
-    if not 0.0 < args.gamma <= 1.0:
-        raise ValueError(f"--gamma must be in (0, 1], got {args.gamma}")
-    if not 0.0 <= args.gae_lambda <= 1.0:
-        raise ValueError(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    if args.learning_rate <= 0 or args.clip_obs <= 0 or args.clip_reward <= 0:
-        raise ValueError("--learning-rate, --clip-obs and --clip-reward must be > 0")
+def validate(args: Args, show: bool) -> None:
+    """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
+    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
+                               "learning_rate", "clip_obs", "clip_reward", "gamma", "dist_timeout_s"),
+               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), show=show)
+    batch_size = args.num_envs * args.num_steps  # per rank
+    if args.num_minibatches > batch_size // 2 or batch_size % args.num_minibatches:
+        fail(f"--num-minibatches must divide the per-rank batch size num_envs*num_steps={batch_size} into minibatches "
+             f"of at least 2 samples (advantages are normalized per minibatch), got {args.num_minibatches}", show)
+    if args.gamma > 1.0 or args.gae_lambda > 1.0:
+        fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}", show)
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        raise ValueError(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
-    for name in ("env_kwargs", "eval_env_kwargs"):
-        try:
-            assert isinstance(json.loads(getattr(args, name)), dict)
-        except (json.JSONDecodeError, AssertionError):
-            raise ValueError(f"--{name.replace('_', '-')} must be a JSON object like '{{\"key\": 1.0}}', "
-                             f"got {getattr(args, name)!r}") from None
-    cuda = args.cuda and torch.cuda.is_available()
+        fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}", show)
+    cuda = pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
-        raise ValueError("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto")
+        fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
     if args.cudagraphs and not cuda:
-        raise ValueError("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither")
-    check_env_id(args.env_id)
-
-
-def init_distributed(args: Args, create: bool) -> tuple[torch.device, str]:
-    """Pick this rank's device; with create=True join torchrun's process group (env:// rendezvous) or, without
-    torchrun, make a world of one. Returns (device, backend)."""
-    cuda = args.cuda and torch.cuda.is_available()
-    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
-    device, local_rank = torch.device("cpu"), int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        if local_rank >= torch.cuda.device_count():
-            fail(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) here: one GPU per rank, "
-                 "so lower torchrun's --nproc-per-node")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed/timed-out NCCL op aborts the rank
-    if not create:
-        return device, dist.get_backend()
-    timeout = timedelta(seconds=args.dist_timeout_s)
-    device_id = device if backend == "nccl" else None
-    if "MASTER_ADDR" in os.environ:  # launched by torchrun (or another launcher that sets the env:// variables)
-        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
-                                device_id=device_id)
-    if backend == "gloo" and dist.get_world_size() > 1:
-        dist.monitored_barrier(timeout=timeout)  # names the rank that never arrived
-    return device, backend
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither", show)
 
 
 class RunningMeanStd(nn.Module):
@@ -278,6 +189,13 @@ class Agent(nn.Module):
         return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
 
+def make_agent(envs, args: Args) -> nn.Module:
+    """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
+    if args.policy is None:
+        return Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args)
+    return build_policy(args, envs, needs=("dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+
+
 def policy_step(agent: Agent, obs: torch.Tensor) -> TensorDict:
     """Sample a raw (unclipped) Gaussian action; return it with its log-prob and V(obs)."""
     dist = agent.dist(obs)
@@ -286,18 +204,31 @@ def policy_step(agent: Agent, obs: torch.Tensor) -> TensorDict:
                       batch_size=obs.shape[:1])
 
 
+def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
+    """The evaluation policy: the mean action, or a sample drawn from the evaluator's own generator."""
+    dist = agent.dist(obs)
+    if deterministic:
+        return dist.mean
+    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+
+
 def compute_gae(
     rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
     terminated: torch.Tensor, dones: torch.Tensor, gamma: float, gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout (see ppo_continuous.py): terminated steps do not
-    bootstrap, truncated ones bootstrap from V(final_obs) (in next_values); `dones` cuts the recursion."""
-    not_done = (~dones).float()
-    deltas = rewards + gamma * next_values * (~terminated).float() - values
+    """Generalized advantage estimation over a [T, N] rollout.
+
+    next_values[t] is V of the state reached by action t in the *same* episode: V(obs[t+1]) while the
+    episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
+    has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
+    advantage recursion at episode ends. Masks select with `torch.where`, so a non-finite value past an
+    episode's end never reaches its advantages (NaN * 0 would be NaN). Returns (advantages, returns).
+    """
+    deltas = rewards + gamma * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
+        last = deltas[t] + gamma * gae_lambda * torch.where(dones[t], 0.0, last)
         advantages[t] = last
     return advantages, advantages + values
 
@@ -323,7 +254,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
         stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-                           approx_kl=((ratio - 1) - logratio).mean(),
+                           old_approx_kl=(-logratio).mean(), approx_kl=((ratio - 1) - logratio).mean(),
                            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())
     return loss, stats
 
@@ -349,131 +280,34 @@ def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tenso
     for t in range(rewards.shape[0]):
         trace.mul_(gamma).add_(rewards[t])
         traces[t] = trace
-        trace.mul_((~dones[t]).double())
+        trace.masked_fill_(dones[t], 0.0)
     rms.update(traces, world_size)
     return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
 
 
-def check_finite(name: str, bad_step: torch.Tensor, global_step: int, steps_per_env_step: int, rank: int) -> None:
-    """bad_step[n] is the first rollout step at which this rank's env n produced a non-finite value, or -1."""
-    if bool((bad_step >= 0).any()):
-        envs = torch.nonzero(bad_step >= 0).flatten()
-        step = global_step + (int(bad_step[envs].min()) + 1) * steps_per_env_step
-        fail(f"non-finite {name} from rank {rank} env(s) {envs[:8].tolist()} at global step {step}")
-
-
-def check_in_sync(module: nn.Module, rank: int, when: str) -> None:
-    """Fail on every rank unless all ranks hold rank 0's parameters and buffers bit for bit."""
-    flat = torch.cat([t.detach().double().reshape(-1) for t in module.state_dict().values()])  # float32 -> 64 exact
-    reference = flat.clone()
-    dist.broadcast(reference, src=0)
-    differs = torch.tensor([float(not torch.equal(flat, reference))], device=flat.device)
-    dist.all_reduce(differs)
-    if differs.item() > 0:
-        fail(f"{int(differs.item())} rank(s) hold other weights than rank 0 {when}", show=rank == 0)
-
-
-@torch.no_grad()
-def evaluate(agent: Agent, env, num_episodes: int, deterministic: bool, seed: int,
-             video_frames: list | None = None) -> dict[str, float | None]:
-    """Run eval episodes (each eval env contributes its first completed episodes) and average them.
-    Sampling uses its own generator, so evaluating never changes the training run's random stream."""
-    gen = torch.Generator(device=agent.actor_logstd.device).manual_seed(seed)
-    n = env.num_envs
-    per_env = -(-num_episodes // n)  # ceil
-    obs, _ = env.reset(seed=seed)
-    done_count = torch.zeros(n, dtype=torch.long, device=obs.device)
-    sums, metric_sums, has_success = torch.zeros(3, device=obs.device), {}, False
-    while bool((done_count < per_env).any()):
-        dist = agent.dist(obs)
-        action = dist.mean if deterministic else dist.mean + dist.stddev * torch.randn(
-            dist.mean.shape, generator=gen, device=obs.device)
-        obs, _, _, _, info = env.step(action)
-        has_success = has_success or "success" in info
-        if video_frames is not None and int(done_count[0]) == 0:
-            video_frames.append(env.render())
-        counted = (info["_episode"] & (done_count < per_env)).float()
-        ep = info["episode"]
-        sums += torch.stack([(ep["r"] * counted).sum(), (ep["l"] * counted).sum(), (ep["success"] * counted).sum()])
-        for k, v in info.get("metrics", {}).items():
-            metric_sums[k] = metric_sums.get(k, 0.0) + (v * counted).sum()
-        done_count += info["_episode"].long()
-    ret, length, success = (sums / (per_env * n)).tolist()
-    result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
-    result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})
-    return result
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],  # this rank's GPU
-            "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"][0])
-    keys, *rest = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank 0 samples from `seed` (as ppo_continuous.py does); rank r > 0 from a hash of (seed, r), so no
+    rank of one run shares a stream with a rank of a run with another seed (seed + r would)."""
+    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] % 2**31)
 
 
 def rank_state(envs, next_obs: torch.Tensor, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
-    env_state = env_state_dict(envs)  # tensors on the CPU
-    return {"env_state": env_state, "next_obs": next_obs.cpu(), "reward_trace": reward_trace.cpu(), "rng": rng_state()}
-
-
-def load_checkpoint(path: str, args: Args) -> dict:
-    """Load with weights_only=True and refuse, in one line, a checkpoint that can't continue this run."""
-    if not Path(path).is_file():
-        fail(f"--{'resume' if args.resume else 'eval-checkpoint'}: no such checkpoint file {path!r}")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    def plain(v):
-        return list(v) if isinstance(v, (list, tuple)) else v
-
-    for key in ("env_id", "hidden_sizes", "norm_obs"):
-        if plain(ckpt["args"].get(key)) != plain(getattr(args, key)):
-            fail(f"{path} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}, this run has "
-                 f"{getattr(args, key)}; pass the same value")
-    return ckpt
-
-
-def build_env(args: Args, device: torch.device, num_envs: int, seed: int, kwargs_flag: str):
-    """make_env, with a bad keyword argument reported as one line naming the flag that carried it."""
-    try:
-        return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
-                        vectorization=args.env_vectorization, **json.loads(getattr(args, kwargs_flag)))
-    except (TypeError, ValueError) as e:
-        fail(f"--{kwargs_flag.replace('_', '-')} / --env-id {args.env_id}: {e}")
+    return {"env_state": env_state_dict(envs), "next_obs": next_obs.cpu(), "reward_trace": reward_trace.cpu(),
+            "rng": rng_state()}
 
 
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
-    try:
-        validate(args)
-    except ValueError as e:
-        fail(str(e), show=rank == 0)
-    checkpoint_path = args.resume or args.eval_checkpoint
-    ckpt = load_checkpoint(checkpoint_path, args) if checkpoint_path and rank == 0 else None
-    own_group = not dist.is_initialized()  # a caller that set up a process group itself also ends it
-    try:
-        device, backend = init_distributed(args, create=own_group)
+    validate(args, show=rank == 0)
+    same = ("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")
+    if args.resume:  # the reward trace's meaning and the LR schedule's base must stay
+        same += ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr")
+    path = args.resume or args.eval_checkpoint
+    ckpt = load_checkpoint(path, "resume" if args.resume else "eval_checkpoint", ["ppo_continuous", "ppo_ddp"],
+                           args, same) if path and rank == 0 else None
+    with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
         return train(args, ckpt, dist.get_rank(), dist.get_world_size(), device, backend)
-    except RuntimeError as e:  # from a collective: a peer died, stalled past --dist-timeout-s, or the network failed
-        tb = e.__traceback__
-        while tb.tb_next is not None:
-            tb = tb.tb_next
-        if not isinstance(e, dist.DistError) and f"torch{os.sep}distributed" not in tb.tb_frame.f_code.co_filename:
-            raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fail(f"rank {rank}: lost another rank ({reason}); see that rank's output. A slow but live rank "
-             f"needs a larger --dist-timeout-s (now {args.dist_timeout_s})")
-    finally:
-        if own_group and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: torch.device, backend: str) -> dict:
@@ -484,63 +318,38 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
         ckpt = box[0]
+    seed_everything(rank_seed(args.seed, rank), args.torch_deterministic)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     # Rank r's envs get seeds seed + r*num_envs (+ i for sub-env i of a Gymnasium id): no two envs of the
-    # world share a seed. Rank 0 builds the eval envs, as ppo_continuous.py does (seed + 10_000).
-    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs") if rank == 0 \
+    # world share a seed. Rank 0 alone evaluates (fresh starts per evaluation, seeded apart from these).
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
         else None
-    envs = build_env(args, device, args.num_envs, args.seed + rank * args.num_envs, "env_kwargs")
+    envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
         fail(f"checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
              f"{obs_dim}/{act_dim}", show=rank == 0)
-    agent = Agent(obs_dim, act_dim, args).to(device)  # same seed on every rank: the same initial weights
+    agent = make_agent(envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])
-    check_in_sync(agent, rank, "at start")
-    if rank > 0:  # rank 0's stream continues exactly as in ppo_continuous.py; the others sample their own
-        random.seed(args.seed + rank)
-        np.random.seed(args.seed + rank)
-        torch.manual_seed(args.seed + rank)
-    logger = RunLogger("ppo_ddp", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
-                       output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
-                       wandb_entity=args.wandb_entity, total_iterations=num_iterations) if rank == 0 else None
-    render_warned = False
-
-    def run_eval(global_step: int) -> dict:  # rank 0 only
-        nonlocal render_warned
-        frames = [] if args.capture_video and not render_warned else None
-        result = evaluate(agent, eval_envs, args.num_eval_episodes, args.eval_deterministic, args.seed + 10_000,
-                          frames)
-        result["global_step"] = global_step
-        logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None}, global_step)
-        if frames is not None and (not frames or frames[0] is None):
-            logger.write(f"warning: {args.env_id} cannot render here; no video, training goes on")
-            render_warned = True
-        elif frames:
-            logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{global_step}", global_step)
-        return result
-
+    for tensor in agent.state_dict().values():  # every rank starts from rank 0's weights, whatever its RNG did
+        dist.broadcast(tensor, src=0)
+    logger = RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 \
+        else None
+    act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
+        envs.close()
         if rank == 0:
-            result = run_eval(ckpt["global_step"])
-            logger.write(f"eval of {args.eval_checkpoint}: {result}")
-            logger.write_summary(global_step=ckpt["global_step"], wall_time_s=0.0, sps=0.0, eval=result,
-                                 checkpoint=args.eval_checkpoint)
-            logger.close()
-            return {"run_dir": str(logger.run_dir), "eval": result, "global_step": ckpt["global_step"]}
+            return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
         return {"run_dir": None, "eval": None, "global_step": ckpt["global_step"]}
 
     params = list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5)
-    reward_rms, reward_trace = RunningMeanStd().to(device), torch.zeros(args.num_envs, dtype=torch.float64,
-                                                                        device=device)
+    reward_rms = RunningMeanStd().to(device)
+    reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style).
-    agent_inference = Agent(obs_dim, act_dim, args).to(device)
+    agent_inference = make_agent(envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
     policy, value_fn = partial(policy_step, agent_inference), agent_inference.get_value
     gae, loss_fn = compute_gae, ppo_loss
@@ -551,21 +360,23 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         from tensordict.nn import CudaGraphModule
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
-    global_step, start_iteration, best_key, resume_note = 0, 1, (-1.0, -float("inf")), ""
+    global_step, start_iteration, lr_anchor, resume_note = 0, 1, (0, args.learning_rate), ""
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step = ckpt["global_step"]  # iterations are counted in this run's global batches:
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
-        best_key = tuple(ckpt["best_key"])
+        if rank == 0:
+            evaluator.best_key = tuple(ckpt["best_key"])
+        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write if rank == 0 else lambda _: None)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
         if len(pieces) == world_size and pieces[rank]["next_obs"].shape[0] == args.num_envs:
             piece = pieces[rank]
-            reward_trace.copy_(piece["reward_trace"])
-            if piece.get("env_state") is not None:
+            if piece["env_state"] is not None:  # else the envs start fresh episodes, and so do the traces
                 load_env_state_dict(envs, piece["env_state"])
                 next_obs = piece["next_obs"].to(device)
+                reward_trace.copy_(piece["reward_trace"])
             set_rng_state(piece["rng"])
         else:
             resume_note = (f" (checkpoint of {len(pieces)} rank(s) x {pieces[0]['next_obs'].shape[0]} envs: "
@@ -575,12 +386,12 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                      f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
                      f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger.run_dir}")
 
-    def save_checkpoint(name: str, iteration: int, pieces: list[dict]) -> str:  # rank 0 only
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                 "reward_rms": reward_rms.state_dict(), "iteration": iteration, "global_step": global_step,
-                 "num_iterations": num_iterations, "best_key": list(best_key), "env_id": args.env_id,
-                 "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args), "world_size": world_size,
-                 **pieces[0], "other_ranks": pieces[1:]}  # rank 0's env/RNG state at the top, as ppo_continuous.py
+    def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
+        state = {"script": "ppo_ddp", "args": dataclasses.asdict(args), "model": agent.state_dict(),
+                 "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(), "iteration": iteration,
+                 "global_step": global_step, "num_iterations": num_iterations, "lr_anchor": list(lr_anchor),
+                 "best_key": list(evaluator.best_key), "obs_dim": obs_dim, "act_dim": act_dim,
+                 "world_size": world_size, **pieces[0], "other_ranks": pieces[1:]}
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
@@ -594,148 +405,128 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         value=((), torch.float32), final_value=((), torch.float32), reward=((), torch.float32),
         terminated=((), torch.bool), done=((), torch.bool),
     )
-    # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration. Repeats are absorbed:
-    # torchrun re-sends the signal to its workers; its grace period (30 s, then SIGKILL) is the hard stop.
-    stop = {"requested": False}
-
-    def on_signal(signum, frame):
-        if not stop["requested"] and rank == 0:
-            logger.write("stop requested: finishing this iteration, then writing last.pt and summary.json")
-        stop["requested"] = True
-
-    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     iteration, eval_result, checkpoint, skipped, consecutive_skips = start_iteration - 1, None, None, 0, 0
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, False
     start_time, start_step = time.time(), global_step
-    for iteration in range(start_iteration, num_iterations + 1):
-        if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+    # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration. Repeats are absorbed:
+    # torchrun re-sends the signal to its workers; its grace period (30 s, then SIGKILL) is the hard stop.
+    say = logger.write if rank == 0 else lambda _: None
+    with StopFlag(say, signals=(signal.SIGINT, signal.SIGTERM), absorb_repeats=True) as stop:
+        for iteration in range(start_iteration, num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
+                    1.0 - (iteration - 1 - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
 
-        # ---- rollout on this rank: no host sync and no collective inside this loop ----
-        ep_sums = torch.zeros(4, device=device)  # episodes, return, length, success
-        bad_obs = torch.full((args.num_envs,), -1, device=device)
-        bad_reward = bad_obs.clone()
-        with torch.no_grad():
-            for step in range(args.num_steps):
-                out = policy(next_obs)
-                storage["obs"][step] = next_obs
-                for key in ("action", "logprob", "value"):
-                    storage[key][step] = out[key]
-                next_obs, reward, terminated, truncated, info = envs.step(out["action"])
-                storage["final_value"][step] = value_fn(info["final_obs"])  # used only where the episode ended
-                storage["reward"][step], storage["terminated"][step] = reward, terminated
-                storage["done"][step] = terminated | truncated
-                bad_obs = torch.where((bad_obs < 0) & ~torch.isfinite(next_obs).all(-1), step, bad_obs)
-                bad_reward = torch.where((bad_reward < 0) & ~torch.isfinite(reward), step, bad_reward)
-                has_success = "success" in info  # a Python bool: no host sync
-                ended, ep = info["_episode"].float(), info["episode"]
-                ep_sums += torch.stack([ended.sum(), (ep["r"] * ended).sum(), (ep["l"] * ended).sum(),
-                                        (ep["success"] * ended).sum()])
-            # one all-reduce: episode statistics summed over ranks, and whether any rank saw non-finite data
-            rollout_flags = torch.cat([ep_sums, torch.stack([(bad_obs >= 0).any(), (bad_reward >= 0).any()]).float()])
-            dist.all_reduce(rollout_flags)
-            if rollout_flags[4:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
-                check_finite("observation", bad_obs, global_step, args.num_envs * world_size, rank)
-                check_finite("reward", bad_reward, global_step, args.num_envs * world_size, rank)
-                fail("", show=False)
-            ep_sums = rollout_flags[:4]
-            global_step += batch_size * world_size
+            # ---- rollout on this rank: no host sync and no collective inside this loop ----
+            rollout_stats = RolloutStats(device)
+            watch = NonFiniteWatch(args.num_envs, device)
+            with torch.no_grad():
+                for step in range(args.num_steps):
+                    out = policy(next_obs)
+                    storage["obs"][step] = next_obs
+                    for key in ("action", "logprob", "value"):
+                        storage[key][step] = out[key]
+                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                    storage["final_value"][step] = value_fn(info["final_obs"])  # used only where an episode ended
+                    storage["reward"][step], storage["terminated"][step] = reward, terminated
+                    storage["done"][step] = terminated | truncated
+                    watch.update(step, next_obs, info["final_obs"], reward)
+                    rollout_stats.add(info)
+                # one all-reduce: episode statistics summed over ranks, and whether any rank saw non-finite data
+                summed = torch.cat([rollout_stats.sums, watch.seen()])
+                dist.all_reduce(summed)
+                if summed[-2:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
+                    watch.check(global_step, args.num_envs * world_size, where=f"rank {rank} ")
+                    fail("", show=False)
+                rollout_stats.sums = summed[:-2]
+                global_step += batch_size * world_size
 
-            # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
-            next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
-            next_values = torch.where(storage["done"], storage["final_value"], next_values)
-            rewards = storage["reward"]
-            if args.norm_reward:
-                rewards = scale_rewards(rewards, storage["done"], reward_trace, reward_rms, args.gamma,
-                                        args.clip_reward, world_size)
-            advantages, returns = gae(rewards, storage["value"], next_values, storage["terminated"],
-                                      storage["done"], args.gamma, args.gae_lambda)
+                # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
+                next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                next_values = torch.where(storage["done"], storage["final_value"], next_values)
+                rewards = storage["reward"]
+                if args.norm_reward:
+                    rewards = scale_rewards(rewards, storage["done"], reward_trace, reward_rms, args.gamma,
+                                            args.clip_reward, world_size)
+                advantages, returns = gae(rewards, storage["value"], next_values, storage["terminated"],
+                                          storage["done"], args.gamma, args.gae_lambda)
 
-        # ---- PPO update: each rank its own minibatches, gradients averaged over ranks before each step ----
-        batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
-        batch["advantages"], batch["returns"] = advantages.reshape(-1), returns.reshape(-1)
-        for _epoch in range(args.update_epochs):
-            perm = torch.randperm(batch_size, device=device)
-            epoch_kl = []
-            for start in range(0, batch_size, minibatch_size):
-                loss, stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                mean_loss = sync_gradients(params, world_size, loss)
-                grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                if not bool(torch.isfinite(grad_norm) & torch.isfinite(mean_loss)):  # same verdict on all ranks
-                    skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                    if consecutive_skips >= args.max_consecutive_skips:
-                        fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
-                             f"(last at global step {global_step}); lower --learning-rate or check the env",
-                             show=rank == 0)
-                    continue
-                consecutive_skips = 0
-                optimizer.step()
-                epoch_kl.append(stats["approx_kl"])
-            if args.target_kl is not None and epoch_kl:  # skips agree, so every rank has the same count here
-                kl = torch.stack(epoch_kl).mean()
-                dist.all_reduce(kl)
-                if float(kl) / world_size > args.target_kl:
-                    break
-        if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-            agent.obs_rms.update(storage["obs"], world_size)
+            # ---- PPO update: each rank its own minibatches, gradients averaged over ranks before each step ----
+            batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
+            batch["advantages"], batch["returns"] = advantages.reshape(-1), returns.reshape(-1)
+            update_stats = []  # statistics of the applied minibatch steps, averaged for logging
+            for _epoch in range(args.update_epochs):
+                perm = torch.randperm(batch_size, device=device)
+                epoch_kl = []
+                for start in range(0, batch_size, minibatch_size):
+                    loss, stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    mean_loss = sync_gradients(params, world_size, loss)
+                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                    if not bool(torch.isfinite(grad_norm) & torch.isfinite(mean_loss)):  # same verdict everywhere
+                        skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
+                        if consecutive_skips >= args.max_consecutive_skips:
+                            fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
+                                 f"(last at global step {global_step}); lower --learning-rate or check the env",
+                                 show=rank == 0)
+                        continue
+                    consecutive_skips = 0
+                    optimizer.step()
+                    epoch_kl.append(stats["approx_kl"])
+                    update_stats.append(stats)
+                if args.target_kl is not None and epoch_kl:  # skips agree, so every rank has the same count here
+                    kl = torch.stack(epoch_kl).mean()
+                    dist.all_reduce(kl)
+                    if float(kl) / world_size > args.target_kl:
+                        break
+            if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
+                agent.obs_rms.update(storage["obs"], world_size)
 
-        # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
-        explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
-        summed = torch.stack([*stats.values(), explained_var, torch.tensor(float(stop["requested"]), device=device)])
-        dist.all_reduce(summed)
-        stopped = bool(summed[-1] > 0)
-        eval_due = args.eval_freq and iteration >= next_eval and iteration < num_iterations
-        save_due = args.save_freq and iteration >= next_save
-        pieces = gather_rank_states() if eval_due or save_due else None
-        if eval_due:
-            next_eval = iteration + args.eval_freq
-        if save_due:
-            next_save = iteration + args.save_freq
-        if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
-            sps = (global_step - start_step) / (time.time() - start_time)
-            scalars = {f"losses/{k}": v / world_size for k, v in zip(stats.keys(), summed)}
-            scalars.update({"losses/explained_variance": summed[-2] / world_size, "charts/SPS": sps,
-                            "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                            "charts/skipped_updates": skipped})
-            if float(ep_sums[0]) > 0:
-                n_ep = ep_sums[0]
-                scalars.update({"charts/episodic_return": ep_sums[1] / n_ep,
-                                "charts/episodic_length": ep_sums[2] / n_ep})
-                if has_success:  # envs without a success signal (e.g. MuJoCo locomotion) log none
-                    scalars["charts/success_rate"] = ep_sums[3] / n_ep
-            logger.log(scalars, global_step)
-            logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                            succ=logger.latest.get("charts/success_rate"))
+            # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
+            explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
+            losses = torch.stack(update_stats).mean(0) if update_stats else TensorDict()
+            summed = torch.stack([*losses.values(), explained_var, torch.tensor(float(stop.requested), device=device)])
+            dist.all_reduce(summed)
+            stopped = bool(summed[-1] > 0)
+            eval_due = args.eval_freq and iteration >= next_eval and iteration < num_iterations
+            save_due = args.save_freq and iteration >= next_save
+            pieces = gather_rank_states() if eval_due or save_due else None
             if eval_due:
-                eval_result = run_eval(global_step)
-                key = (eval_result["success_rate"] or 0.0, eval_result["episodic_return"])
-                if key > best_key:
-                    best_key = key
-                    save_checkpoint("best.pt", iteration, pieces)
+                next_eval = iteration + args.eval_freq
             if save_due:
-                checkpoint = save_checkpoint("last.pt", iteration, pieces)
-                save_checkpoint(f"iter_{iteration:06d}.pt", iteration, pieces)
-        if stopped:
-            break
+                next_save = iteration + args.save_freq
+            if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
+                sps = (global_step - start_step) / (time.time() - start_time)
+                scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
+                scalars.update({"losses/explained_variance": summed[-2] / world_size, "charts/SPS": sps,
+                                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                "charts/skipped_updates": skipped, **rollout_stats.scalars()})
+                logger.log(scalars, global_step)
+                logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
+                                succ=logger.latest.get("charts/success_rate"))
+                if eval_due:
+                    eval_result, is_best = evaluator.run(act, global_step)
+                    if is_best:
+                        save_checkpoint("best.pt", pieces)
+                if save_due:
+                    checkpoint = save_checkpoint("last.pt", pieces)
+                    save_checkpoint(f"iter_{iteration:06d}.pt", pieces)
+            if stopped:
+                break
 
-    pieces = gather_rank_states()
-    check_in_sync(agent, rank, "at the end")
-    for s, handler in handlers.items():
-        signal.signal(s, handler)
+        pieces = gather_rank_states()
+        check_in_sync(agent, rank, "at the end")
     envs.close()
     if rank == 0:
-        checkpoint = save_checkpoint("last.pt", iteration, pieces)
+        checkpoint = save_checkpoint("last.pt", pieces)
         if not stopped:
-            eval_result = run_eval(global_step)
-            if (eval_result["success_rate"] or 0.0, eval_result["episodic_return"]) > best_key:
-                save_checkpoint("best.pt", iteration, pieces)
+            eval_result, is_best = evaluator.run(act, global_step)
+            if is_best:
+                save_checkpoint("best.pt", pieces)
         wall = time.time() - start_time
-        logger.write_summary(global_step=global_step, wall_time_s=wall, world_size=world_size,
-                             sps=(global_step - start_step) / max(wall, 1e-9), eval=eval_result, checkpoint=checkpoint)
-        logger.write(f"done: global_step={global_step} wall_time={wall:.1f}s eval={eval_result}")
-        logger.close()
+        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint,
+                      world_size=world_size)
         eval_envs.close()
     if stopped:
         sys.exit(130)

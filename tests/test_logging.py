@@ -26,6 +26,7 @@ class Args:
 
     env_id: str = "PushCubeRL"
     seed: int = 3
+    exp_name: str = "test_exp"
     learning_rate: float = 3e-4
     max_grad_norm: float = math.inf
     output_dir: Path = Path("runs")
@@ -42,9 +43,10 @@ def _wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def make_logger(tmp_path, **kwargs) -> RunLogger:
+def make_logger(tmp_path, track: bool = False, **kwargs) -> RunLogger:
     kwargs.setdefault("console", False)
-    return RunLogger("ppo_continuous", Args(), "PushCubeRL", 3, "test_exp", output_dir=tmp_path / "runs", **kwargs)
+    args = Args(env_id="PushCubeRL", seed=3, exp_name="test_exp", output_dir=tmp_path / "runs", track=track)
+    return RunLogger("ppo_continuous", args, **kwargs)
 
 
 def scalars_of(run_dir: Path) -> EventAccumulator:
@@ -65,7 +67,7 @@ def test_run_dir_naming_and_subfolders(tmp_path, monkeypatch):
         assert a.video_dir == a.run_dir / "videos" and not a.video_dir.exists()  # created lazily
         assert any(p.name.startswith("events.out.tfevents") for p in a.run_dir.iterdir())
         # args are stored JSON-safe: paths/tuples converted, inf kept readable
-        assert a.args["output_dir"] == "runs" and a.args["hidden_sizes"] == [64, 64]
+        assert a.args["output_dir"] == str(tmp_path / "runs") and a.args["hidden_sizes"] == [64, 64]
         assert a.args["max_grad_norm"] == "inf" and a.args["wandb_entity"] is None
 
 

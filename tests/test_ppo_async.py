@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import toy_envs  # noqa: F401 - registers ToyReach-v0
+import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import ppo_async
@@ -52,18 +54,12 @@ def test_smoke_run_writes_summary_events_and_checkpoints(tmp_path):
     assert not collector_alive()
 
 
-def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path, monkeypatch):
+def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path):
     """With a slow policy (5 ms a step) and --max-staleness 1 the collector steps rollout j+1 while the
     learner updates on rollout j; with --max-staleness 0 the two never overlap. Timestamps, not speed."""
-    real_loss = ppo_async.ppo_loss
-
-    def slow_loss(*a, **k):  # a learner busy long enough (4 x 10 ms) that overlap or not is unambiguous
-        time.sleep(0.01)
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(ppo_async, "ppo_loss", slow_loss)
-    for k in (1, 0):
-        args = tiny_args(tmp_path / str(k), iterations=8, max_staleness=k, policy_latency_ms=5)
+    for k in (1, 0):  # a learner busy long enough (4 x 10 ms) that overlap or not is unambiguous
+        args = tiny_args(tmp_path / str(k), iterations=8, max_staleness=k, policy="toy_policies:slow",
+                         policy_kwargs='{"rollout_ms": 5, "update_ms": 10}')
         tl = ppo_async.main(args)["timeline"]
         assert all(e["collect"][1] - e["collect"][0] >= 10 * 0.005 for e in tl)  # the latency is really paid
         next_collect_overlaps = [overlaps(tl[j]["update"], tl[j + 1]["collect"]) for j in range(len(tl) - 1)]
@@ -74,72 +70,61 @@ def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path, mon
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(tmp_path, monkeypatch, k):
-    """Every policy call of rollout j acts with the parameters the learner published after consuming j - K
+def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(tmp_path, k):
+    """Every policy call of rollout j acts with the parameters the learner held after consuming j - K
     rollouts, unchanged for the whole rollout, although the learner updates meanwhile."""
-    fingerprint = lambda agent: float(sum(p.double().sum() for p in agent.state_dict().values()))
-    calls, published = [], {}
-    real_step, real_publish = ppo_async.policy_step, ppo_async.Collector.publish
-
-    def recording_step(agent, obs, generator):
-        calls.append((threading.current_thread().name, fingerprint(agent)))
-        return real_step(agent, obs, generator)
-
-    def recording_publish(self, consumed, version, agent):
-        published[consumed] = (version, fingerprint(agent))
-        real_publish(self, consumed, version, agent)
-
-    monkeypatch.setattr(ppo_async, "policy_step", recording_step)
-    monkeypatch.setattr(ppo_async.Collector, "publish", recording_publish)
-    out = ppo_async.main(tiny_args(tmp_path, iterations=8, max_staleness=k, policy_latency_ms=2, norm_obs=True))
-    T = TINY["num_steps"]
+    toy_policies.RECORDS.clear()
+    out = ppo_async.main(tiny_args(tmp_path, iterations=8, max_staleness=k, policy="toy_policies:recording",
+                                   policy_kwargs='{"rollout_ms": 2}', norm_obs=True, target_kl=None))
+    T, per_update = TINY["num_steps"], TINY["update_epochs"] * TINY["num_minibatches"]
+    calls = [(name, fp) for name, grad, fp in toy_policies.RECORDS if not grad and name != "MainThread"]
+    learner = [fp for name, grad, fp in toy_policies.RECORDS if grad]
+    # the learner's weights after consuming c rollouts = those of its first training forward of update c + 1
+    published = {c: learner[c * per_update] for c in range(8)}
     assert len(calls) == 8 * T and {name for name, _ in calls} == {"ppo-async-collector"}
     for j, entry in enumerate(out["timeline"]):
         assert entry["index"] == j and not entry["dropped"]
         assert 0 <= entry["learner_version"] - entry["behaviour_version"] <= k
         rollout = {fp for _, fp in calls[j * T:(j + 1) * T]}
-        assert rollout == {published[max(j - k, 0)][1]}, j  # one set of weights, the right one
-        assert entry["behaviour_version"] == published[max(j - k, 0)][0]
+        assert rollout == {published[max(j - k, 0)]}, j  # one set of weights, the right one
+        assert entry["behaviour_version"] == max(j - k, 0)
     assert max(e["learner_version"] - e["behaviour_version"] for e in out["timeline"]) == k  # really stale
     assert len({fp for _, fp in calls}) > 1  # and the copy is refreshed between rollouts
 
 
-def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everything(tmp_path, monkeypatch):
-    real_step, n = ppo_async.policy_step, {"calls": 0}
-
-    def failing_step(agent, obs, generator):
-        n["calls"] += 1
-        if n["calls"] == 25:
-            raise ValueError("simulated simulator crash in step 25")
-        return real_step(agent, obs, generator)
-
-    monkeypatch.setattr(ppo_async, "policy_step", failing_step)
-    with pytest.raises(ValueError, match="simulated simulator crash in step 25") as e:
-        ppo_async.main(tiny_args(tmp_path, iterations=20))
+def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everything(tmp_path):
+    """A simulator that crashes in its 25th step: the two rollouts completed before are learned from and
+    counted, the exception surfaces in the learner with a note, and no checkpoint is written by the crash."""
+    with pytest.raises(ValueError, match="simulated simulator crash at step 25") as e:
+        ppo_async.main(tiny_args(tmp_path, iterations=20, env_id="ToyReach-v0",
+                                 env_kwargs='{"raise_at_step": 25}'))
     assert "collector thread" in "".join(getattr(e.value, "__notes__", []))
     assert not collector_alive()
-    run_dir = next(tmp_path.glob("PushCubeRL__*"))
+    run_dir = next(tmp_path.glob("ToyReach-v0__*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert summary["global_step"] == ckpt["global_step"] == 2 * 80  # the two rollouts completed
-    assert ckpt["collector"] is None
+    assert summary["global_step"] == 2 * 80 and summary["checkpoint"] is None
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
 
 
-def test_exception_in_the_learner_stops_the_collector(tmp_path, monkeypatch):
-    real_loss, n = ppo_async.ppo_loss, {"calls": 0}
-
-    def failing_loss(*a, **k):
-        n["calls"] += 1
-        if n["calls"] == 9:
-            raise RuntimeError("learner blew up")
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(ppo_async, "ppo_loss", failing_loss)
-    with pytest.raises(RuntimeError, match="learner blew up"):
-        ppo_async.main(tiny_args(tmp_path, iterations=50, policy_latency_ms=1))
+def test_exception_in_the_learner_keeps_the_last_consistent_checkpoint(tmp_path):
+    """A crash inside the update of iteration 3 stops the collector, writes summary.json, and leaves the
+    last.pt of iteration 2 as it was (with the collector's state), from which a resume continues exactly."""
+    args = dict(iterations=5, save_freq=2, policy="toy_policies:fail_in_update", target_kl=None,
+                policy_kwargs='{"at_call": 9}')  # 2 epochs x 2 minibatches: call 9 is in iteration 3
+    with pytest.raises(RuntimeError, match="injected failure inside the update"):
+        ppo_async.main(tiny_args(tmp_path / "a", **args))
     assert not collector_alive()
-    run_dir = next(tmp_path.glob("PushCubeRL__*"))
-    assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 3 * 80
+    run_dir = next((tmp_path / "a").glob("PushCubeRL__*"))
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["iteration"] == 2 and ckpt["global_step"] == 160 and ckpt["collector"] is not None
+    assert json.loads((run_dir / "summary.json").read_text())["checkpoint"].endswith("last.pt")
+    # the same run without the fault, resumed from that last.pt, ends with the straight run's weights
+    args.update(policy=None, policy_kwargs="{}")
+    straight = ppo_async.main(tiny_args(tmp_path / "b", **args))
+    resumed = ppo_async.main(tiny_args(tmp_path / "c", resume=str(run_dir / "checkpoints" / "last.pt"), **args))
+    a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (straight, resumed))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
 
 
 def test_resume_mid_run_is_bit_identical_to_a_straight_run(tmp_path):
@@ -157,20 +142,15 @@ def test_resume_mid_run_is_bit_identical_to_a_straight_run(tmp_path):
         e["behaviour_version"] for e in resumed["timeline"]]
 
 
-def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_rollouts(tmp_path, monkeypatch):
-    real_loss = ppo_async.ppo_loss
-
-    def slow_loss(*a, **k):  # a slow learner: the collector runs the full K rollouts ahead
-        time.sleep(0.01)
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(ppo_async, "ppo_loss", slow_loss)
-    first = ppo_async.main(tiny_args(tmp_path / "a", iterations=8, save_freq=3, max_staleness=2))
+def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_rollouts(tmp_path):
+    slow = dict(policy="toy_policies:slow", policy_kwargs='{"update_ms": 10}')  # the collector runs K ahead
+    first = ppo_async.main(tiny_args(tmp_path / "a", iterations=8, save_freq=3, max_staleness=2, **slow))
     ckpt_path = Path(first["run_dir"]) / "checkpoints" / "iter_000003.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
     stale = [p for p in ckpt["collector"]["pending"] if ckpt["version"] - p["version"] > 0]
     assert stale, "the slow learner should have left pending rollouts in the checkpoint"
-    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=8, max_staleness=0, resume=str(ckpt_path)))
+    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=8, max_staleness=0, resume=str(ckpt_path),
+                                       **slow))
     assert sum(e["dropped"] for e in resumed["timeline"]) == len(stale)
     assert all(e["learner_version"] == e["behaviour_version"] for e in resumed["timeline"] if not e["dropped"])
     summary = json.loads((Path(resumed["run_dir"]) / "summary.json").read_text())
@@ -178,13 +158,14 @@ def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_ro
 
 
 def test_same_command_gives_the_same_run(tmp_path):
-    runs = [ppo_async.main(tiny_args(tmp_path / name, iterations=5, policy_latency_ms=1)) for name in "ab"]
+    runs = [ppo_async.main(tiny_args(tmp_path / name, iterations=5, policy="toy_policies:slow",
+                                     policy_kwargs='{"rollout_ms": 1}')) for name in "ab"]
     a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in runs)
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
 
 
-@pytest.mark.parametrize("flag, value", [("max_staleness", -1), ("policy_latency_ms", -5.0)])
+@pytest.mark.parametrize("flag, value", [("max_staleness", -1), ("policy", "toy_policies:no_such_factory")])
 def test_bad_input_is_one_clear_line(tmp_path, flag, value):
     with pytest.raises(SystemExit) as e:
         ppo_async.main(tiny_args(tmp_path, **{flag: value}))
@@ -195,7 +176,7 @@ def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--num-envs", "8",
                              "--num-steps", "10", "--num-minibatches", "2", "--total-timesteps", "100000000",
-                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0", "--policy-latency-ms", "1"],
+                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
@@ -221,7 +202,7 @@ def test_default_ppo_async_learns_to_push_the_cube(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_runs_on_cuda(tmp_path):
-    out = ppo_async.main(tiny_args(tmp_path, cuda=True, policy_latency_ms=1))
+    out = ppo_async.main(tiny_args(tmp_path, cuda=True))
     assert out["global_step"] == 480 and not collector_alive()
 
 

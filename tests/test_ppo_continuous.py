@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import toy_envs  # noqa: F401 - registers ToyReach-v0
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous as ppo
 
@@ -85,7 +87,9 @@ def test_runs_unchanged_on_pendulum(tmp_path):
     ({"total_timesteps": 0}, "--total-timesteps"),
     ({"resume": "/no/such/file.pt"}, "--resume"),
     ({"env_kwargs": "not json"}, "--env-kwargs"),
-    ({"policy_latency_ms": -1.0}, "--policy-latency-ms"),
+    ({"policy": "no_such_module:make_agent"}, "--policy"),
+    ({"policy": "toy_policies"}, "--policy"),
+    ({"num_envs": 2, "num_steps": 2, "num_minibatches": 4}, "--num-minibatches"),  # minibatches of 1 sample
     ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
     ({"cudagraphs": True}, "--cudagraphs"),
 ])
@@ -156,40 +160,29 @@ def test_eval_checkpoint_evaluates_without_training(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["eval"]["episodic_length"] > 0
 
 
-class InjectNaN:
-    """Wraps an env so that env 2 returns a NaN observation on the env's third step."""
-
-    def __init__(self, env):
-        self.env, self.steps = env, 0
-
-    def __getattr__(self, name):
-        return getattr(self.env, name)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.steps += 1
-        if self.steps == 3:
-            obs = obs.clone()
-            obs[2, 5] = float("nan")
-        return obs, reward, terminated, truncated, info
-
-
-def test_non_finite_observation_stops_with_one_line(tmp_path, monkeypatch):
-    real_make_env = ppo.make_env
-    monkeypatch.setattr(ppo, "make_env", lambda env_id, num_envs, **kw: (
-        InjectNaN(real_make_env(env_id, num_envs, **kw)) if num_envs == 8 else real_make_env(env_id, num_envs, **kw)))
-    with pytest.raises(SystemExit) as e:
-        ppo.main(tiny_args(tmp_path))
+def test_non_finite_observation_stops_with_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:  # every sub-env's 3rd step returns NaN: rollout step 2 of 8 envs
+        ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0", env_kwargs='{"nan_obs_at_step": 3}'))
     message = str(e.value.code)
-    assert message.startswith("error: non-finite observation from env(s) [2] at global step 24"), message
+    assert message.startswith("error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] at global step 24")
     assert "\n" not in message
+
+
+def test_non_finite_final_observation_is_named_not_blamed_on_the_loss(tmp_path):
+    """A NaN in the last observation of an episode (seen only in info["final_obs"], the env has reset
+    already) must stop the run with one line naming it, not spread through V(final_obs) into the loss."""
+    with pytest.raises(SystemExit) as e:  # episodes terminate at their 4th step with a NaN final obs
+        ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0",
+                           env_kwargs='{"terminate_at_step": 4, "nan_final_obs": true}'))
+    assert str(e.value.code).startswith("error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] "
+                                        "at global step 32"), e.value.code
 
 
 def test_compiled_and_eager_first_update_agree(tmp_path):
     torch.manual_seed(0)
     args = tiny_args(tmp_path)
     agent = ppo.Agent(31, 7, args)
-    batch = ppo.TensorDict(obs=torch.randn(64, 31), action=torch.randn(64, 7), logprob=torch.randn(64) - 5,
+    batch = TensorDict(obs=torch.randn(64, 31), action=torch.randn(64, 7), logprob=torch.randn(64) - 5,
                            value=torch.randn(64), advantages=torch.randn(64), returns=torch.randn(64),
                            batch_size=[64])
     grads = []
@@ -242,21 +235,12 @@ def test_default_ppo_learns_to_push_the_cube(tmp_path):
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
 
 
-def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path, monkeypatch):
-    seen = []
-    real_make_env = ppo.make_env
-
-    def recording_make_env(env_id, num_envs, **kwargs):
-        seen.append((num_envs, {k: v for k, v in kwargs.items() if k not in ("device", "seed", "vectorization")}))
-        return real_make_env(env_id, num_envs, **kwargs)
-
-    monkeypatch.setattr(ppo, "make_env", recording_make_env)
-    train_kwargs = {"push_friction_range": [0.5, 1.5], "cube_half_size_range": [0.015, 0.025],
-                    "randomize_interval": 5}
-    ppo.main(tiny_args(tmp_path, env_kwargs=json.dumps(train_kwargs)))
-    by_size = dict(seen)
-    assert by_size[8] == train_kwargs      # training envs (num_envs=8)
-    assert by_size[4] == {}                # eval envs (num_eval_envs=4): no randomization by default
+def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path):
+    toy_envs.CONSTRUCTED.clear()
+    ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0", env_kwargs='{"record": true, "terminate_at_step": 7}',
+                       eval_env_kwargs='{"record": true}'))
+    made = [c["terminate_at_step"] for c in toy_envs.CONSTRUCTED]
+    assert sorted(made, key=str) == [7] * 8 + [None] * 4  # 8 training envs got it, the 4 eval envs did not
 
 
 def test_resume_refuses_another_env_layout_and_unreadable_files(tmp_path):
@@ -288,29 +272,18 @@ def test_running_mean_std_merges_batches_like_one_big_batch():
     assert rms.mean.dtype == torch.float64 and rms.count == pytest.approx(total)
 
 
-def test_non_finite_loss_steps_are_skipped_counted_and_eventually_stop(tmp_path, monkeypatch):
-    calls = {"n": 0}
-    real_loss = ppo.ppo_loss
-
-    def every_third_loss_is_nan(agent, mb, args):
-        loss, stats = real_loss(agent, mb, args)
-        calls["n"] += 1
-        return (loss * float("nan") if calls["n"] % 3 == 0 else loss), stats
-
-    monkeypatch.setattr(ppo, "ppo_loss", every_third_loss_is_nan)
-    out = ppo.main(tiny_args(tmp_path / "a"))  # 4 iterations x 2 epochs x 2 minibatches = 16 steps, 5 NaN
+def test_non_finite_loss_steps_are_skipped_counted_and_eventually_stop(tmp_path):
+    # every third training forward gives a NaN loss: 4 iterations x 2 epochs x 2 minibatches = 16 steps, 5 NaN
+    out = ppo.main(tiny_args(tmp_path / "a", policy="toy_policies:nan_loss_every"))
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["train"]["charts/skipped_updates"] == 5
+    assert all(math.isfinite(v) for k, v in summary["train"].items() if k.startswith("losses/"))
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())  # NaN never reached the weights
 
-    def always_nan_loss(agent, mb, args):
-        loss, stats = real_loss(agent, mb, args)
-        return loss * float("nan"), stats
-
-    monkeypatch.setattr(ppo, "ppo_loss", always_nan_loss)
     with pytest.raises(SystemExit) as e:
-        ppo.main(tiny_args(tmp_path / "b", max_consecutive_skips=3))
+        ppo.main(tiny_args(tmp_path / "b", max_consecutive_skips=3, policy="toy_policies:nan_loss_every",
+                           policy_kwargs='{"every": 1}'))
     assert "3 optimizer steps in a row" in str(e.value.code) and "\n" not in str(e.value.code)
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied import ppo_ddp as ddp
@@ -26,7 +27,7 @@ TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_ev
 RUN = dict(TINY, total_timesteps=6 * 2 * 80, eval_freq=2, save_freq=3, norm_obs=True, norm_reward=True)
 
 
-def grad_problem(batch_size: int = 64) -> tuple[ddp.Agent, ddp.TensorDict, ddp.Args]:
+def grad_problem(batch_size: int = 64) -> tuple[ddp.Agent, TensorDict, ddp.Args]:
     """A fixed agent and minibatch (same bits in every process). norm_adv is off: per-minibatch advantage
     normalization uses each rank's own minibatch, so only then is the union's gradient the exact average."""
     torch.manual_seed(0)
@@ -35,7 +36,7 @@ def grad_problem(batch_size: int = 64) -> tuple[ddp.Agent, ddp.TensorDict, ddp.A
     obs, action = torch.randn(batch_size, 31), torch.randn(batch_size, 7)
     with torch.no_grad():  # old log-probs near the current ones, so some ratios clip and some don't
         logprob = agent.dist(obs).log_prob(action).sum(-1) + 0.3 * torch.randn(batch_size)
-    batch = ddp.TensorDict(obs=obs, action=action, logprob=logprob, value=torch.randn(batch_size),
+    batch = TensorDict(obs=obs, action=action, logprob=logprob, value=torch.randn(batch_size),
                            advantages=torch.randn(batch_size), returns=torch.randn(batch_size), batch_size=[batch_size])
     return agent, batch, args
 
@@ -181,7 +182,7 @@ def test_bad_input_is_one_line_before_any_process_group(tmp_path, monkeypatch, o
     def too_early(*args, **kwargs):
         raise AssertionError("a process group was built before the input was checked")
 
-    monkeypatch.setattr(ddp, "init_distributed", too_early)
+    monkeypatch.setattr(dist, "init_process_group", too_early)
     with pytest.raises(SystemExit) as e:
         ddp.main(ddp.Args(output_dir=str(tmp_path), **dict(TINY, **overrides)))
     message = str(e.value.code)

@@ -64,3 +64,15 @@ def test_truncation_bootstraps_from_final_value_and_termination_does_not():
     nv = next_values.clone()
     nv[4, 1] += 100.0
     assert not torch.equal(compute_gae(rewards, values, nv, terminated, dones, gamma, lam)[0], adv)
+
+
+def test_a_non_finite_value_behind_a_termination_does_not_reach_any_advantage():
+    """V(final_obs) of a terminated episode is never used: even NaN or inf there must leave every advantage
+    finite and equal to the reference (masking by multiplication would give NaN * 0 = NaN)."""
+    rewards, values, next_values, terminated, dones = make_rollout()
+    expected = reference_gae(rewards, values, next_values, terminated, dones, 0.9, 0.95)
+    poisoned = torch.where(terminated, float("nan"), next_values)
+    poisoned[2, 0] = float("inf")  # terminated too
+    adv, ret = compute_gae(rewards, values, poisoned, terminated, dones, 0.9, 0.95)
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+    torch.testing.assert_close(adv.double(), expected, rtol=1e-5, atol=1e-5)

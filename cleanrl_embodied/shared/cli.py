@@ -1,5 +1,5 @@
-"""Command-line plumbing the trainers share: the one failure style, flag checks, env building, seeding,
-device choice and the Ctrl-C stop flag.
+"""Command-line plumbing the trainers share: the flags every trainer has (`RunArgs`), the one failure style,
+flag checks, and building what the flags name (the envs, a `--policy module:factory` agent).
 
 Every user mistake ends the same way, in every trainer: one line ``error: <what went wrong, naming the flag
 and the allowed values>`` on stderr, no traceback, exit status 1, before anything is built.
@@ -7,20 +7,74 @@ and the allowed values>`` on stderr, no traceback, exit status 1, before anythin
 
 from __future__ import annotations
 
+import importlib
 import json
-import random
-import signal
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from cleanrl_embodied.shared.envs import check_env_id, make_env
 
-__all__ = ["UsageError", "StopFlag", "build_env", "check_args", "check_policy", "fail", "flag", "load_factory",
-           "pick_device", "seed_everything"]
+__all__ = ["RunArgs", "UsageError", "build_env", "build_policy", "check_args", "fail", "flag", "load_factory"]
+
+@dataclass
+class RunArgs:
+    """The flags every trainer has: where a run goes and what it records, the envs, evaluation, checkpoints,
+    compilation and the policy hook. Each trainer's `Args` subclasses this and adds its algorithm's flags
+    (a field redefined there, e.g. `exp_name`, takes the trainer's default)."""
+
+    exp_name: str = "run"
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    output_dir: str = "runs"
+    """root folder of run directories"""
+    env_id: str = "PushCubeRL"
+    """the environment id: PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
+    env_kwargs: str = "{}"
+    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
+    eval_env_kwargs: str = "{}"
+    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
+    env_vectorization: Literal["sync", "async"] = "sync"
+    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
+    num_eval_envs: int = 64
+    """number of parallel evaluation environments"""
+    num_eval_episodes: int = 64
+    """episodes per evaluation (each eval env contributes its first completed episodes)"""
+    eval_freq: int = 25
+    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
+    eval_deterministic: bool = True
+    """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint (with video if --capture-video) and exit without training"""
+    save_freq: int = 25
+    """write checkpoints/last.pt (and a numbered copy) every this many iterations; always at the end"""
+    resume: str | None = None
+    """continue training from this checkpoint (counters, optimizer, schedule, RNG and env state)"""
+    max_consecutive_skips: int = 10
+    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
+    compile: bool = False
+    """torch.compile the rollout's policy step and the update's pure functions"""
+    policy: str | None = None
+    """build the agent with this `module:factory` instead of the script's own network (docs/POLICIES.md)"""
+    policy_kwargs: str = "{}"
+    """JSON keyword arguments of the --policy factory, e.g. '{"model_path": "my_vla.pt"}'"""
+
 
 class UsageError(SystemExit):
     """A user mistake. Its ``code`` is the one line Python prints on stderr before exiting with status 1."""
@@ -38,32 +92,39 @@ def flag(name: str) -> str:
 
 
 def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-               json_objects: Iterable[str] = (), files: Iterable[str] = (), env_id: bool = True) -> None:
+               json_objects: Iterable[str] = (), files: Iterable[str] = (), env_id: bool = True,
+               show: bool = True) -> None:
     """The checks every trainer makes, each failing with one line naming the flag: fields that must be
-    > 0 (None skips), >= 0, JSON objects (env kwargs), paths of existing files (None skips), a known env id."""
+    > 0 (None skips), >= 0, JSON objects (env kwargs), paths of existing files (None skips), a known env id.
+    For a `RunArgs`, its own fields are checked too."""
+    if isinstance(args, RunArgs):
+        positive = ("num_eval_envs", "num_eval_episodes", "max_consecutive_skips", *positive)
+        non_negative = ("eval_freq", "save_freq", *non_negative)
+        json_objects = ("env_kwargs", "eval_env_kwargs", "policy_kwargs", *json_objects)
+        files = ("resume", "eval_checkpoint", *files)
     for name in positive:
         value = getattr(args, name)
         if value is not None and not value > 0:
-            fail(f"{flag(name)} must be > 0, got {value}")
+            fail(f"{flag(name)} must be > 0, got {value}", show)
     for name in non_negative:
         if getattr(args, name) < 0:
-            fail(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
+            fail(f"{flag(name)} must be >= 0, got {getattr(args, name)}", show)
     for name in json_objects:
         try:
             ok = isinstance(json.loads(getattr(args, name)), dict)
         except json.JSONDecodeError:
             ok = False
         if not ok:
-            fail(f"{flag(name)} must be a JSON object like '{{\"key\": 1.0}}', got {getattr(args, name)!r}")
+            fail(f"{flag(name)} must be a JSON object like '{{\"key\": 1.0}}', got {getattr(args, name)!r}", show)
     for name in files:
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
-            fail(f"{flag(name)}: no such checkpoint file {path!r}")
+            fail(f"{flag(name)}: no such checkpoint file {path!r}", show)
     if env_id:
         try:
             check_env_id(args.env_id)
         except ValueError as e:
-            fail(f"--env-id: {e}")
+            fail(str(e), show)
 
 
 def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: torch.device):
@@ -76,51 +137,8 @@ def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: tor
         fail(f"{flag(kwargs_flag)} / --env-id {args.env_id}: {e}")
 
 
-def pick_device(cuda: bool) -> torch.device:
-    """CUDA when asked for and present, else the CPU."""
-    return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
-
-
-def seed_everything(seed: int, torch_deterministic: bool) -> None:
-    """Seed Python, NumPy and torch (all devices) with ``seed``; cuDNN deterministic if asked."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.backends.cudnn.deterministic = torch_deterministic
-
-
-class StopFlag:
-    """Ctrl-C (and the given signals) set ``requested``; the loop checks it once per iteration and ends
-    cleanly. A second Ctrl-C raises KeyboardInterrupt at once unless ``absorb_repeats`` (DDP, where
-    torchrun forwards the signal again). Use as a context manager: the previous handlers come back.
-    """
-
-    def __init__(self, say: Callable[[str], None], signals: tuple[int, ...] = (signal.SIGINT,),
-                 absorb_repeats: bool = False):
-        self.say, self.signals, self.absorb_repeats = say, signals, absorb_repeats
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested and not self.absorb_repeats:
-            raise KeyboardInterrupt
-        if not self.requested:
-            self.say("stop requested: finishing this iteration, then writing last.pt and summary.json")
-        self.requested = True
-
-    def __enter__(self) -> StopFlag:
-        self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 def load_factory(spec: str, flag_name: str) -> Callable:
     """``module:attribute`` -> the attribute (after importing the module), or one line naming the flag."""
-    import importlib
-
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         fail(f"{flag(flag_name)} must be module:factory (e.g. my_lab.policies:make_agent), got {spec!r}")
@@ -134,10 +152,16 @@ def load_factory(spec: str, flag_name: str) -> Callable:
     return factory
 
 
-def check_policy(module: Any, spec: str | None, needs: Iterable[str]) -> None:
-    """One line if a policy built by ``--policy spec`` lacks a method or attribute the trainer uses."""
+def build_policy(args: Any, envs, needs: Iterable[str]) -> torch.nn.Module:
+    """The module ``--policy module:factory`` builds: ``factory(single_observation_space, single_action_space,
+    args, **policy_kwargs)``; one line if it is not an ``nn.Module`` or lacks one of ``needs`` (the methods
+    and attributes the trainer uses)."""
+    spec = args.policy
+    factory = load_factory(spec, "policy")
+    module = factory(envs.single_observation_space, envs.single_action_space, args, **json.loads(args.policy_kwargs))
     if not isinstance(module, torch.nn.Module):
         fail(f"--policy {spec}: the factory must return a torch.nn.Module, got {type(module).__name__}")
     missing = [name for name in needs if not hasattr(module, name)]
     if missing:
         fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/POLICIES.md: what a policy provides)")
+    return module

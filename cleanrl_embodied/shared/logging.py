@@ -527,3 +527,6 @@ class RolloutStats:
                 out["charts/success_rate"] = self.sums[3] / n
         out.update({f"rewards/{k}": self.sums[4 + i] / max(self.env_steps, 1) for i, k in enumerate(self.terms)})
         return out
+
+
+torch.serialization.add_safe_globals([RolloutStats])  # ppo_async checkpoints hold the pending rollouts' stats
