@@ -4,11 +4,13 @@
     uv run python benchmarks/async_speed.py --latencies 0 100 --seeds 1 --total-timesteps 100000
     uv run python benchmarks/async_speed.py --extra="--hidden-sizes 512 512 512"   # a heavier update
 
-For every seed and every `--policy-latency-ms` value, one after the other in this invocation (threads pinned):
+For every seed and every latency L in `--latencies`, one after the other in this invocation (threads pinned),
+both trainers act through the policy hook with `benchmarks/slow_policy.py` (their own network plus L ms of
+sleep in every rollout inference call: `--policy slow_policy:make_agent --policy-kwargs '{"latency_ms": L}'`):
 
-- sync:  `cleanrl_embodied/ppo_continuous.py --policy-latency-ms L`: collect a rollout, then update on it;
-- async: `cleanrl_embodied/ppo_async.py --policy-latency-ms L --max-staleness 1`: the collector steps rollout
-  j+1 while the learner updates on rollout j.
+- sync:  `cleanrl_embodied/ppo_continuous.py`: collect a rollout, then update on it;
+- async: `cleanrl_embodied/ppo_async.py --max-staleness 1`: the collector steps rollout j+1 while the learner
+  updates on rollout j.
 
 Both run the same hyperparameters (the scripts' defaults, `--eval-freq 0 --save-freq 0`, `--extra` added to both)
 for `--total-timesteps`, then evaluate the final policy. Wall time is the trainer's own loop time from
@@ -58,7 +60,7 @@ MODES = {"sync": ("ppo_continuous", []), "async": ("ppo_async", ["--max-stalenes
 @dataclass
 class Args:
     latencies: tuple[float, ...] = (0.0, 5.0, 20.0, 100.0)
-    """--policy-latency-ms values (ms added to every inference call of the rollout)"""
+    """latencies (ms added to every inference call of the rollout, by benchmarks/slow_policy.py)"""
     seeds: int = 3
     """seeds 1..N of each (mode, latency)"""
     total_timesteps: int = 200_000
@@ -78,10 +80,11 @@ class Args:
 def run_one(mode: str, latency: float, seed: int, args: Args, root: Path) -> dict:
     script, mode_flags = MODES[mode]
     flags = ["--env-id", "PushCubeRL", "--total-timesteps", str(args.total_timesteps), "--eval-freq", "0",
-             "--save-freq", "0", "--policy-latency-ms", f"{latency:g}", "--seed", str(seed),
+             "--save-freq", "0", "--policy", "slow_policy:make_agent", "--policy-kwargs",
+             json.dumps({"latency_ms": latency}), "--seed", str(seed),
              "--cuda" if args.cuda else "--no-cuda", *mode_flags, *shlex.split(args.extra),
              "--output-dir", str(root / f"{mode}_{latency:g}_{seed}")]
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    env = {"OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(Path(__file__).resolve().parent)}
     cmd = [sys.executable, str(SCRIPTS_DIR / f"{script}.py"), *flags]
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True)
     record = {"mode": mode, "latency_ms": latency, "seed": seed, "command": shell_command(cmd[:-2], env)}

@@ -1,7 +1,7 @@
 """Helpers shared by run.py and speed.py: machine description, flag files, TensorBoard scalars, markdown.
 
 Nothing here knows about a particular trainer: runs are read back from what every script writes
-(summary.json and TensorBoard scalars, CONVENTIONS.md "Run directory and outputs").
+(summary.json and TensorBoard scalars, docs/RUNS.md).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,20 +39,18 @@ def gpu_name() -> str | None:
 
 
 def git_info() -> dict:
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
+    """The commit of the code that ran (from the trainers' own `versions()`, as in summary.json)."""
+    from cleanrl_embodied.shared.logging import versions
 
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_sha": git("rev-parse", "HEAD"), "git_dirty": None if status is None else bool(status)}
+    return {key: versions().get(key) for key in ("git_sha", "git_dirty")}
 
 
 def package_versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("torch", "gymnasium", "tensordict", "numpy", "mujoco", "mani_skill", "matplotlib"):
+    """What summary.json records (python, torch, gymnasium, tensordict, numpy), plus the extras that ran."""
+    from cleanrl_embodied.shared.logging import versions
+
+    out = {k: v for k, v in versions().items() if not k.startswith("git_")}
+    for name in ("mujoco", "mani_skill", "matplotlib"):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

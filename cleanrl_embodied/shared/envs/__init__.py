@@ -1,7 +1,7 @@
 """Environments behind one torch vector-env contract: ``make_env``, ``check_env_id``, ``BUILTIN_ENV_IDS``.
 
 ``make_env(env_id, num_envs, device, seed, **env_kwargs)`` returns a ``gymnasium.vector.VectorEnv`` whose
-data are torch tensors on ``device`` (see "The env contract" in ``CONVENTIONS.md``):
+data are torch tensors on ``device`` (docs/ENV_CONTRACT.md):
 
 - ``"PushCubeRL"``: the built-in batched torch task, registered with Gymnasium on import, so
   ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too.
