@@ -3,28 +3,29 @@
     uv run python cleanrl_embodied/grpo.py --env-id PushCubeRL
     uv run python cleanrl_embodied/grpo.py --env-id Pendulum-v1 --num-envs 64 --group-size 8 --gamma 0.99
 
-Every iteration resets the envs with `reset(options={"group_size": G})`, so each group of G consecutive
-envs starts from one identical state, and rolls out one episode horizon. Instead of a critic, the
-advantage of a step is its discounted return-to-go compared with the other members of its group at the
-same time step: (R - group mean) / (group std + eps), over the members still in their first episode.
-The policy is then updated with the PPO-clip surrogate, an entropy bonus and an optional k3 KL penalty
-to a frozen reference policy.
+Every iteration resets the envs with `reset(options={"group_size": G})`, so each group of G consecutive envs
+starts from one identical state, and rolls out one horizon. Instead of a critic, the advantage of a step is
+its discounted return-to-go compared with its group's members still in their first episode at that time step:
+(R - their mean) / (the group's std pooled over the horizon + eps). The update is PPO's clipped surrogate, an
+entropy bonus and an optional k3 KL penalty to a frozen reference policy.
 
-Read top to bottom: `Args`, the `Actor`, four pure functions (`policy_step`, `returns_to_go`,
-`group_advantages`, `grpo_loss`) that torch.compile can wrap unchanged, evaluation, then `main`.
+Training metrics describe each env's first episode within the horizon (what is learnt from): `charts/success_rate`
+is the share of *all* envs whose first episode succeeded within the horizon (one still running at the end is no
+success; below the episode limit, long episodes are not left out), `grpo/finished_frac` the share whose first
+episode ended, `charts/episodic_return` / `_length` the means over the first episodes that ended.
+
+Read top to bottom: `Args`, the `Actor`, four pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
+`grpo_loss`) that torch.compile can wrap unchanged, then `main`. Flag checks, checkpoint loading, evaluation and
+Ctrl-C are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+from functools import partial
 
 import numpy as np
 import torch
@@ -32,55 +33,22 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RunLogger, atomic_save, check_env_id, make_env, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
+from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
+from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
 
 
 @dataclass
-class Args:
+class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation, checkpoints, --policy
     exp_name: str = "grpo"
     """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
-    track: bool = False
-    """log to Weights & Biases (synced with TensorBoard)"""
-    wandb_project_name: str = "cleanrl_embodied"
-    """the W&B project name"""
-    wandb_entity: str | None = None
-    """the W&B entity (team)"""
-    capture_video: bool = False
-    """record an mp4 of the first eval env at every evaluation (under `videos/` in the run directory)"""
-    output_dir: str = "runs"
-    """root folder of run directories"""
-    resume: str | None = None
-    """continue training from this checkpoint (counters, optimizer, schedule, random stream, reference policy)"""
-
-    # Environment
-    env_id: str = "PushCubeRL"
-    """the environment id: PushCubeRL or any Gymnasium id with a Box action space and seeded resets"""
-    env_kwargs: str = "{}"
-    """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
-    eval_env_kwargs: str = "{}"
-    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
-    env_vectorization: Literal["sync", "async"] = "sync"
-    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
     num_envs: int = 256
     """number of parallel training environments (a multiple of --group-size)"""
-    num_eval_envs: int = 64
-    """number of parallel evaluation environments"""
-    num_eval_episodes: int = 64
-    """episodes per evaluation (each eval env contributes its first completed episodes)"""
     eval_freq: int = 10
-    """evaluate every this many iterations (0 disables periodic eval; a final eval always runs)"""
-    eval_deterministic: bool = True
-    """evaluate with the mean action (``--no-eval-deterministic`` samples)"""
-    eval_checkpoint: str | None = None
-    """evaluate this grpo checkpoint (with video if --capture-video) and exit without training"""
-    save_freq: int = 25
-    """write checkpoints/last.pt every this many iterations (and always at the end)"""
+    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
 
     # Algorithm
     total_timesteps: int = 1_000_000
@@ -90,7 +58,7 @@ class Args:
     anneal_lr: bool = True
     """linearly anneal the learning rate to 0 over training"""
     num_steps: int | None = None
-    """rollout length per env per iteration; default: the env's max episode steps (50 for PushCubeRL)"""
+    """rollout horizon per env per iteration; default: the env's max episode steps (50 for PushCubeRL)"""
     group_size: int = 8
     """G: rollouts per group that start from the same state (>= 2, divides --num-envs)"""
     gamma: float = 0.9
@@ -98,11 +66,11 @@ class Args:
     truncate_at_first_done: bool = True
     """mask out each env's data after its first done (terminated | truncated)"""
     scale_adv: bool = True
-    """divide group-centred returns by the group std (``--no-scale-adv``: Dr. GRPO, centring only)"""
+    """divide by the group std and average the loss over alive samples (``--no-scale-adv``: Dr. GRPO, neither)"""
     adv_eps: float = 1e-4
     """added to the group std before dividing"""
     num_minibatches: int = 4
-    """minibatches per epoch (the batch is num_envs * num_steps samples, masked ones included)"""
+    """minibatches per epoch (must divide the batch of num_envs * horizon samples, masked ones included)"""
     update_epochs: int = 4
     """optimization epochs per rollout"""
     clip_coef: float = 0.2
@@ -115,76 +83,25 @@ class Args:
     """reference policy (and initial policy) from a grpo or ppo_continuous checkpoint; default: the initial policy"""
     max_grad_norm: float = 0.5
     """global gradient-norm clipping"""
-    max_consecutive_skips: int = 10
-    """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
     target_kl: float | None = 0.1
-    """stop the epoch loop early when the approximate KL exceeds this (None disables)"""
+    """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
     hidden_sizes: tuple[int, ...] = (128, 128)
     """hidden layer sizes of the actor MLP"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
-    compile: bool = False
-    """torch.compile the policy step, the group advantages and the loss"""
-
-
-def fail(msg: str) -> None:
-    raise SystemExit(f"error: {msg}")
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    for name in ("num_envs", "total_timesteps", "num_minibatches", "update_epochs", "num_eval_envs",
-                 "num_eval_episodes", "max_consecutive_skips"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.num_steps is not None and args.num_steps <= 0:
-        fail(f"--num-steps must be a positive integer, got {args.num_steps}")
-    for name in ("eval_freq", "save_freq"):
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must be >= 0 (0 disables), got {getattr(args, name)}")
+    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
+                               "learning_rate", "adv_eps", "gamma"),
+               non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"), files=("ref_checkpoint",))
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
-    if args.num_minibatches > args.num_envs * (args.num_steps or 1):
-        fail(f"--num-minibatches must be at most the batch size num_envs*num_steps, got {args.num_minibatches}")
-    if not 0.0 < args.gamma <= 1.0:
+    if args.gamma > 1.0:
         fail(f"--gamma must be in (0, 1], got {args.gamma}")
-    for name in ("learning_rate", "adv_eps"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"):
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
-    for name in ("env_kwargs", "eval_env_kwargs"):
-        try:
-            assert isinstance(json.loads(getattr(args, name)), dict)
-        except (json.JSONDecodeError, AssertionError):
-            fail(f"--{name.replace('_', '-')} must be a JSON object like '{{\"key\": 1.0}}', "
-                 f"got {getattr(args, name)!r}")
-    try:
-        check_env_id(args.env_id)
-    except ValueError as e:
-        fail(str(e))
-
-
-def load_checkpoint(path: str, flag: str, env_id: str, grpo_only: bool) -> dict:
-    """torch.load(weights_only=True) a grpo (or, unless `grpo_only`, ppo_continuous) checkpoint for `env_id`."""
-    if not Path(path).is_file():
-        fail(f"{flag} {path}: no such file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user mistake
-        reason = (str(e).splitlines() or [""])[0]
-        fail(f"{flag} {path}: not a readable checkpoint ({type(e).__name__}: {reason})")
-    if (not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict)
-            or (grpo_only and ckpt.get("script") != "grpo") or "actor_logstd" not in ckpt["model"]):
-        fail(f"{flag} {path}: not a checkpoint of grpo.py{'' if grpo_only else ' or ppo_continuous.py'}")
-    if ckpt.get("env_id") != env_id:
-        fail(f"{flag} {path}: checkpoint is for env {ckpt.get('env_id')!r}, not --env-id {env_id!r}")
-    if (ckpt.get("args") or {}).get("norm_obs"):
-        fail(f"{flag} {path}: trained with --norm-obs (observation normalization), which grpo.py does not have")
-    return ckpt
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -210,9 +127,17 @@ class Actor(nn.Module):
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), init_logstd))
 
     def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(obs)
-        # validate_args=False: the argument check would cost a host sync on every call
+        mean = self.actor_mean(obs)  # validate_args=False: the check would cost a host sync per call
         return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+
+def make_agent(envs, args: Args) -> nn.Module:
+    """The built-in `Actor`, or the module that `--policy module:factory` builds from the spaces and args. Its
+    `dist(obs)` is a per-dimension Normal-like distribution: `log_prob(action).sum(-1)` is the action's."""
+    if args.policy is None:
+        return Actor(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args.hidden_sizes,
+                     args.init_logstd)
+    return build_policy(args, envs, needs=("dist",))
 
 
 def policy_step(actor: Actor, obs: torch.Tensor) -> TensorDict:
@@ -222,13 +147,20 @@ def policy_step(actor: Actor, obs: torch.Tensor) -> TensorDict:
     return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), batch_size=obs.shape[:1])
 
 
+def eval_action(actor: Actor, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
+    """The evaluation policy: the mean action, or a sample drawn from the evaluator's own generator."""
+    dist = actor.dist(obs)
+    if deterministic:
+        return dist.mean
+    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+
+
 def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:
     """Discounted returns-to-go over a [T, N] rollout; they restart after every done (no bootstrap)."""
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
-    not_done = (~dones).to(rewards.dtype)
     for t in reversed(range(rewards.shape[0])):
-        running = rewards[t] + gamma * not_done[t] * running
+        running = rewards[t] + gamma * torch.where(dones[t], 0.0, running)
         returns[t] = running
     return returns
 
@@ -244,370 +176,251 @@ def group_advantages(
 ) -> tuple[torch.Tensor, TensorDict]:
     """Group-relative advantages per time step over the alive members of each group.
 
-    returns, mask: [T, N] with N = num_groups * group_size (consecutive envs form a group). At each time
-    step, a group's alive members (mask True) get (R - mean) / (std + eps) (std with Bessel's correction),
-    or R - mean when not `scale`. A cell with fewer than two alive members or with all alive returns
-    equal gets 0, as do masked entries; never NaN. Returns (advantages [T, N], statistics): zero_adv_group_frac
-    = share of (time step, group) cells with an alive member that got zero advantage, mean_group_std = mean
-    std over cells with two or more alive members.
+    returns, mask: [T, N], N = num_groups * group_size (consecutive envs form a group). A cell (time step,
+    group) with two or more alive members (mask True) and unequal returns centres them on their mean; with
+    `scale` it divides by (the group's pooled std + eps): squared deviations summed over those cells, over
+    the sum of their (alive - 1). One scale per group keeps a gap's size: with two members left late in the
+    horizon, a per-cell std would make any gap (1e-3 or 3) +-0.707. Other cells and masked entries get 0,
+    never NaN. Statistics: zero_adv_group_frac (share of cells with an alive member that got 0),
+    mean_group_std (mean pooled std over groups with a non-zero cell).
     """
     T, N = returns.shape
-    r = returns.reshape(T, N // group_size, group_size)
     alive = mask.reshape(T, N // group_size, group_size)
-    m = alive.to(returns.dtype)
-    count = m.sum(-1, keepdim=True)
-    mean = (r * m).sum(-1, keepdim=True) / count.clamp_min(1)
-    centred = (r - mean) * m
-    std = ((centred * centred).sum(-1, keepdim=True) / (count - 1).clamp_min(1)).sqrt()
+    r = torch.where(alive, returns.reshape(T, N // group_size, group_size), 0.0)
+    count = alive.sum(-1, keepdim=True)
+    mean = r.sum(-1, keepdim=True) / count.clamp_min(1)
+    centred = torch.where(alive, r - mean, 0.0)
     spread = (torch.where(alive, r, -torch.inf).amax(-1, keepdim=True)
               - torch.where(alive, r, torch.inf).amin(-1, keepdim=True))
     zero = (count < 2) | ~(spread > 0)  # exact ties: the mean's rounding must not become a signal
-    adv = centred / (std + eps) if scale else centred
-    adv = torch.where(zero, torch.zeros_like(adv), adv)
-    live, multi = count >= 1, count >= 2
-    stats = TensorDict(
-        zero_adv_group_frac=(zero & live).sum() / live.sum().clamp_min(1),
-        mean_group_std=(std * multi).sum() / multi.sum().clamp_min(1),
-    )
-    return adv.reshape(T, N), stats
+    dof = torch.where(zero, 0, count - 1).sum(0, keepdim=True)  # [1, groups, 1]
+    sq = torch.where(zero, 0.0, centred * centred).sum((0, 2), keepdim=True)
+    std = (sq / dof.clamp_min(1)).sqrt()
+    adv = torch.where(zero, 0.0, centred / (std + eps) if scale else centred)
+    live, has = count >= 1, dof > 0
+    return adv.reshape(T, N), TensorDict(zero_adv_group_frac=(zero & live).sum() / live.sum().clamp_min(1),
+                                         mean_group_std=torch.where(has, std, 0.0).sum() / has.sum().clamp_min(1))
 
 
 def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics)."""
+    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics).
+
+    GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch
+    size, a constant. Masks select with torch.where before anything can overflow: a masked sample has ratio 1
+    and gradient 0 (multiplying by the mask turns an overflowed ratio into NaN). Statistics: alive means.
+    """
+    alive = mb["mask"]
+    n_alive = alive.sum().clamp_min(1)
+    total = lambda x: torch.where(alive, x, 0.0).sum()
     dist = actor.dist(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).sum(-1)
-    logratio = newlogprob - mb["logprob"]
+    logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
     ratio = logratio.exp()
-    mask = mb["mask"].to(ratio.dtype)
-    denom = mask.sum().clamp_min(1)
-
-    def masked_mean(x: torch.Tensor) -> torch.Tensor:
-        return (x * mask).sum() / denom
-
     adv = mb["advantages"]
-    pg_loss = masked_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
-    entropy = masked_mean(dist.entropy().sum(-1))
-    ref_logratio = (mb["ref_logprob"] - newlogprob).clamp(-20, 20)  # clamp: exp() can't overflow
-    kl_ref = masked_mean(ref_logratio.exp() - ref_logratio - 1)  # k3 estimate of KL(pi || pi_ref)
-    loss = pg_loss - args.ent_coef * entropy + args.kl_coef * kl_ref
+    pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
+    entropy = total(dist.entropy().sum(-1))
+    # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
+    # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi) (the forward
+    # KL). Only exp() can overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper
+    # than the reference (log r << 0) keeps its full gradient back toward it.
+    ref_logratio = torch.where(alive, mb["ref_logprob"] - newlogprob, 0.0).clamp(max=20.0)
+    kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
+    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
     with torch.no_grad():
-        stats = TensorDict(
-            policy_loss=pg_loss, entropy=entropy, kl_ref=kl_ref,
-            approx_kl=masked_mean((ratio - 1) - logratio),
-            clipfrac=masked_mean(((ratio - 1.0).abs() > args.clip_coef).to(ratio.dtype)),
-        )
+        stats = TensorDict(policy_loss=pg, entropy=entropy, kl_ref=kl_ref, old_approx_kl=total(-logratio),
+                           approx_kl=total((ratio - 1) - logratio),
+                           clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float())) / n_alive
     return loss, stats
 
 
-@torch.no_grad()
-def evaluate(actor: Actor, env, num_episodes: int, deterministic: bool, seed: int,
-             video_frames: list | None = None) -> dict[str, float | None]:
-    """Run eval episodes (each eval env contributes its first completed episodes) and average them.
-    Sampling uses its own generator, so evaluating never changes the training run's random stream."""
-    gen = torch.Generator(device=actor.actor_logstd.device).manual_seed(seed)
-    n = env.num_envs
-    per_env = -(-num_episodes // n)  # ceil
-    obs, _ = env.reset(seed=seed)
-    done_count = torch.zeros(n, dtype=torch.long, device=obs.device)
-    sums, has_success = torch.zeros(3, device=obs.device), False
-    while bool((done_count < per_env).any()):
-        dist = actor.dist(obs)
-        action = dist.mean if deterministic else dist.mean + dist.stddev * torch.randn(
-            dist.mean.shape, generator=gen, device=obs.device)
-        obs, _, _, _, info = env.step(action)
-        has_success = has_success or "success" in info
-        if video_frames is not None and int(done_count[0]) == 0:
-            frame = env.render()
-            video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
-        counted = (info["_episode"] & (done_count < per_env)).float()
-        ep = info["episode"]
-        sums += torch.stack([(ep["r"] * counted).sum(), (ep["l"] * counted).sum(), (ep["success"] * counted).sum()])
-        done_count += info["_episode"].long()
-    ret, length, success = (sums / (per_env * n)).tolist()
-    return {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
-
-
-def build_env(args: Args, device: torch.device, num_envs: int, seed: int, kwargs_flag: str):
-    """make_env, with a bad keyword argument reported as one line naming the flag that carried it."""
+def group_reset(envs, args: Args, iteration: int) -> torch.Tensor:
+    """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
+    seed = int(np.random.SeedSequence([args.seed, iteration]).generate_state(1)[0] % 2**31)
     try:
-        return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
-                        vectorization=args.env_vectorization, **json.loads(getattr(args, kwargs_flag)))
-    except (TypeError, ValueError) as e:
-        fail(f"--{kwargs_flag.replace('_', '-')} / --env-id {args.env_id}: {e}")
+        return envs.reset(seed=seed, options={"group_size": args.group_size})[0]
+    except ValueError as e:
+        fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
+
+
+def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Module, optimizer, envs,
+                     evaluator: Evaluator, iteration: int, global_step: int, num_iterations: int, lr_anchor) -> None:
+    """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
+    state = {"script": "grpo", "args": dataclasses.asdict(args), "model": actor.state_dict(),
+             "ref_model": ref_actor.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
+             "global_step": global_step, "num_iterations": num_iterations, "lr_anchor": list(lr_anchor),
+             "best_key": list(evaluator.best_key), "obs_dim": envs.single_observation_space.shape[0],
+             "act_dim": envs.single_action_space.shape[0], "rng": rng_state(), "env_state": env_state_dict(envs)}
+    for path in paths:
+        atomic_save(state, path)
 
 
 def main(args: Args) -> dict:
     validate(args)
-    if args.eval_checkpoint:
-        return evaluate_checkpoint(args)
-    resumed = load_checkpoint(args.resume, "--resume", args.env_id, True) if args.resume else None
-    ref_ckpt = load_checkpoint(args.ref_checkpoint, "--ref-checkpoint", args.env_id, False) if args.ref_checkpoint \
-        else None
-    start_iteration = resumed["iteration"] if resumed else 0
+    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")
+    path, ckpt_flag = args.resume or args.eval_checkpoint, "resume" if args.resume else "eval_checkpoint"
+    ckpt = load_checkpoint(path, ckpt_flag, ["grpo"], args, same + (
+        ("num_envs", "group_size", "learning_rate", "anneal_lr") if args.resume else ())) if path else None
+    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ["grpo", "ppo_continuous"], args, same) \
+        if args.ref_checkpoint else None
+    if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
+        fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
+    seed_everything(args.seed, args.torch_deterministic)
+    device = pick_device(args.cuda)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    envs = build_env(args, device, args.num_envs, args.seed, "env_kwargs")
-
-    def group_reset(iteration: int) -> torch.Tensor:
-        """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
-        seed = int(np.random.SeedSequence([args.seed, iteration]).generate_state(1)[0] % 2**31)
-        try:
-            return envs.reset(seed=seed, options={"group_size": args.group_size})[0]
-        except ValueError as e:
-            envs.close()
-            fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
-
-    next_obs = group_reset(start_iteration + 1)  # first of all, check that the env can do group resets
-    obs_dim = envs.single_observation_space.shape[0]
-    act_dim = envs.single_action_space.shape[0]
-    horizon = args.num_steps
-    if horizon is None:
-        horizon = (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
-            envs.unwrapped, "max_episode_steps", None)
-    problem = None if horizon else f"--num-steps is required: {args.env_id} declares no max episode steps"
-    for ckpt, flag in ((resumed, "--resume"), (ref_ckpt, "--ref-checkpoint")):
-        if ckpt is not None and (ckpt.get("obs_dim"), ckpt.get("act_dim")) != (obs_dim, act_dim):
-            problem = (f"{flag}: the checkpoint has obs/act dims {ckpt.get('obs_dim')}/{ckpt.get('act_dim')}, "
-                       f"{args.env_id} has {obs_dim}/{act_dim}")
-    actor = Actor(obs_dim, act_dim, args.hidden_sizes, args.init_logstd).to(device)
-    ref_actor = Actor(obs_dim, act_dim, args.hidden_sizes, args.init_logstd).to(device)
-    try:  # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy
-        if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
-            actor.load_state_dict({k: v for k, v in ref_ckpt["model"].items() if k.startswith("actor_")})
-        ref_actor.load_state_dict(resumed["ref_model"] if resumed is not None and ref_ckpt is None
-                                  else actor.state_dict())
-        if resumed is not None:
-            actor.load_state_dict(resumed["model"])
-    except (RuntimeError, KeyError) as e:
-        problem = problem or (f"--resume/--ref-checkpoint: the network does not match --hidden-sizes "
-                              f"{args.hidden_sizes} ({str(e).splitlines()[0]})")
-    if problem:
-        envs.close()
-        fail(problem)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    for c, name in ((ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint")):
+        if c is not None and (c["obs_dim"], c["act_dim"]) != (obs_dim, act_dim):
+            fail(f"{flag(name)}: the checkpoint has obs/act dims {c['obs_dim']}/{c['act_dim']}, {args.env_id} has "
+                 f"{obs_dim}/{act_dim}")
+    actor, ref_actor = make_agent(eval_envs, args).to(device), make_agent(eval_envs, args).to(device)
+    if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
+        actor.load_state_dict({k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()})
+    # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy
+    ref_actor.load_state_dict(ckpt["ref_model"] if args.resume and ref_ckpt is None else actor.state_dict())
     ref_actor.requires_grad_(False)
-    optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
-    if resumed is not None:  # counters, optimizer and random stream: a resume continues the straight run
-        optimizer.load_state_dict(resumed["optimizer"])
-        torch.set_rng_state(resumed["rng"])
-        if resumed["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(resumed["cuda_rng"])
-    batch_size = args.num_envs * horizon
-    num_iterations = max(1, args.total_timesteps // batch_size)
-    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs")
+    if ckpt is not None:
+        actor.load_state_dict(ckpt["model"])
+    act = partial(eval_action, actor, deterministic=args.eval_deterministic)
+    if args.eval_checkpoint:  # evaluate a saved policy and exit
+        logger = RunLogger("grpo", args)
+        return Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video).run_checkpoint(
+            act, ckpt, args.eval_checkpoint)
 
-    logger = RunLogger("grpo", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
-                       output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
-                       wandb_entity=args.wandb_entity, total_iterations=num_iterations - start_iteration)
-    logger.write(f"device={device} envs={args.num_envs} groups={args.num_envs // args.group_size}x{args.group_size} "
-                 f"horizon={horizon} batch={batch_size} iterations={num_iterations} start={start_iteration + 1} "
-                 f"run_dir={logger.run_dir}")
+    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device)
+    start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
+    if ckpt is not None and ckpt["env_state"] is not None:
+        load_env_state_dict(envs, ckpt["env_state"])
+    group_reset(envs, args, start_iteration)  # first of all: can the env give groups identical starts?
+    horizon = args.num_steps or (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
+        envs.unwrapped, "max_episode_steps", None)
+    if not horizon:
+        fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
+    batch_size = args.num_envs * horizon
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
+    num_iterations = max(1, args.total_timesteps // batch_size)
+    if start_iteration > num_iterations:
+        fail(f"--total-timesteps {args.total_timesteps}: {path} already completed {num_iterations} iterations")
+    optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
+    logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
+    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+    global_step, lr_anchor = 0, (0, args.learning_rate)  # LR: lr_anchor[1] at iteration lr_anchor[0] -> 0 at the end
+    if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
+        optimizer.load_state_dict(ckpt["optimizer"])
+        global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
+        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write)
+        set_rng_state(ckpt["rng"])
+    logger.write(f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
+                 f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
     policy, advantages_fn, loss_fn = policy_step, group_advantages, grpo_loss
     if args.compile:
         policy, advantages_fn, loss_fn = torch.compile(policy), torch.compile(advantages_fn), torch.compile(loss_fn)
 
-    storage = rollout_storage(
-        horizon, args.num_envs, device,
-        obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32), logprob=((), torch.float32),
-        reward=((), torch.float32), done=((), torch.bool),
-    )
-    global_step = resumed["global_step"] if resumed else 0
-    eval_result = resumed["eval"] if resumed else None
-    best_key = (-1.0, -float("inf"))  # (success rate, return) of best.pt in this run directory
-
-    def save_checkpoint(name: str, iteration: int) -> str:
-        state = {"script": "grpo", "model": actor.state_dict(), "ref_model": ref_actor.state_dict(),
-                 "optimizer": optimizer.state_dict(), "iteration": iteration, "global_step": global_step,
-                 "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "eval": eval_result,
-                 "rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                 "args": dataclasses.asdict(args)}
-        return str(atomic_save(state, logger.checkpoint_dir / name))
-
-    render_warned = False
-
-    def run_eval(iteration: int) -> None:
-        nonlocal eval_result, best_key, render_warned
-        frames = [] if args.capture_video and not render_warned else None
-        eval_result = evaluate(actor, eval_envs, args.num_eval_episodes, args.eval_deterministic,
-                               args.seed + 10_000, frames)
-        eval_result["global_step"] = global_step
-        logger.log({f"eval/{k}": v for k, v in eval_result.items() if k != "global_step" and v is not None},
-                   global_step)
-        if frames is not None and (not frames or frames[0] is None):
-            logger.write(f"warning: {args.env_id} cannot render here; no video, training goes on")
-            render_warned = True
-        elif frames:
-            logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{global_step}", global_step)
-        key = (eval_result["success_rate"] or 0.0, eval_result["episodic_return"])
-        if key > best_key:
-            best_key = key
-            save_checkpoint("best.pt", iteration)
-
-    # Ctrl-C asks the loop to stop after the current iteration (a second Ctrl-C stops at once).
-    stop = {"requested": False}
-
-    def on_sigint(signum, frame):
-        if stop["requested"]:
-            raise KeyboardInterrupt
-        stop["requested"] = True
-        logger.write("Ctrl-C: finishing this iteration, then writing last.pt and summary.json")
-
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
-
-    def abort(msg: str) -> None:
-        signal.signal(signal.SIGINT, previous_handler)
-        logger.close(exit_code=1)
-        envs.close()
-        eval_envs.close()
-        fail(msg)
-
-    iteration, skipped, consecutive_skips = start_iteration, 0, 0
-    next_eval, next_save = start_iteration + args.eval_freq, start_iteration + args.save_freq
+    storage = rollout_storage(horizon, args.num_envs, device, obs=((obs_dim,), torch.float32), done=((), torch.bool),
+                              action=((act_dim,), torch.float32), logprob=((), torch.float32), reward=((), torch.float))
+    iteration, eval_result, skipped, consecutive_skips = start_iteration - 1, None, 0, 0
+    next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    never = horizon + 1  # "no non-finite value seen" in first_bad
-    for iteration in range(start_iteration + 1, num_iterations + 1):
-        if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
-        if iteration > start_iteration + 1:
-            next_obs = group_reset(iteration)
+    with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
+        for iteration in range(start_iteration, num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
+                    1.0 - (iteration - 1 - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
+            next_obs = group_reset(envs, args, iteration)
 
-        # ---- rollout of one horizon from group starts: no host sync inside this loop ----
-        ep_sums = torch.zeros(4, device=device)  # first episodes: count, return, length, success
-        alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)
-        # first non-finite observation and reward, as an index: 0 = the reset obs, t + 1 = after step t
-        first_bad = torch.full((2,), never, dtype=torch.long, device=device)
-        first_bad[0] = torch.where(torch.isfinite(next_obs).all(), never, 0)
-        with torch.no_grad():
-            for step in range(horizon):
-                out = policy(actor, next_obs)
-                storage["obs"][step] = next_obs
-                storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                next_obs, reward, terminated, truncated, info = envs.step(out["action"])
-                done = terminated | truncated
-                storage["reward"][step], storage["done"][step] = reward, done
-                obs_ok = torch.isfinite(next_obs).all() & torch.isfinite(info.get("final_obs", next_obs)).all()
-                bad = torch.stack([~obs_ok, ~torch.isfinite(reward).all()])
-                first_bad = torch.minimum(first_bad, torch.where(bad, step + 1, never))
-                has_success = "success" in info  # a Python bool: no host sync
-                counted, ep = (info["_episode"] & alive).float(), info["episode"]
-                ep_sums += torch.stack([counted.sum(), (ep["r"] * counted).sum(), (ep["l"] * counted).sum(),
-                                        (ep["success"] * counted).sum()])
-                alive &= ~done
-        for name, index in zip(("observation", "reward"), first_bad.tolist()):
-            if index < never:
-                abort(f"non-finite {name} from {args.env_id} at global step {global_step + index * args.num_envs}")
-        global_step += batch_size
+            # ---- rollout of one horizon from group starts: no host sync inside this loop ----
+            rollout_stats = RolloutStats(device)  # of the first episodes that end within the horizon
+            alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
+            success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
+            watch = NonFiniteWatch(args.num_envs, device)
+            watch.update(-1, next_obs, next_obs, torch.zeros(args.num_envs, device=device))  # the reset obs
+            with torch.no_grad():
+                for step in range(horizon):
+                    out = policy(actor, next_obs)
+                    storage["obs"][step] = next_obs
+                    storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
+                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                    storage["reward"][step], storage["done"][step] = reward, terminated | truncated
+                    watch.update(step, next_obs, info["final_obs"], reward)
+                    counted = info["_episode"] & alive
+                    rollout_stats.add(info, counted=counted)
+                    success |= counted & (info["episode"]["success"] > 0)
+                    alive &= ~info["_episode"]
+            watch.check(global_step, args.num_envs, where=f"{args.env_id} ")  # one line naming envs and step
+            global_step += batch_size
 
-        # ---- group-relative advantages (critic-free) ----
-        with torch.no_grad():
-            mask = first_episode_mask(storage["done"]) if args.truncate_at_first_done \
-                else torch.ones_like(storage["done"])
-            returns = returns_to_go(storage["reward"], storage["done"], args.gamma)
-            advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
-            batch = storage.select("obs", "action", "logprob").reshape(-1)
-            batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
-            batch["ref_logprob"] = ref_actor.dist(batch["obs"]).log_prob(batch["action"]).sum(-1)
+            # ---- group-relative advantages (critic-free) ----
+            with torch.no_grad():
+                mask = first_episode_mask(storage["done"]) if args.truncate_at_first_done \
+                    else torch.ones_like(storage["done"])
+                returns = returns_to_go(storage["reward"], storage["done"], args.gamma)
+                advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
+                batch = storage.select("obs", "action", "logprob").reshape(-1)
+                batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
+                batch["ref_logprob"] = ref_actor.dist(batch["obs"]).log_prob(batch["action"]).sum(-1)
 
-        # ---- PPO-clip update over the masked samples ----
-        for _epoch in range(args.update_epochs):
-            epoch_stats = []
-            for idx in torch.randperm(batch_size, device=device).tensor_split(args.num_minibatches):
-                loss, stats = loss_fn(actor, batch[idx], args)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
-                epoch_stats.append(stats)
-                if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # skip, count, maybe stop
-                    skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                    if consecutive_skips >= args.max_consecutive_skips:
-                        abort(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
-                              f"(last at global step {global_step}); lower --learning-rate or check the env")
-                    continue
-                consecutive_skips = 0
-                optimizer.step()
-            stats = torch.stack(epoch_stats).mean(dim=0)
-            if args.target_kl is not None and float(stats["approx_kl"]) > args.target_kl:
+            # ---- PPO-clip update over the masked samples ----
+            update_stats = []  # statistics of the applied minibatch steps, averaged for logging
+            for _epoch in range(args.update_epochs):
+                epoch_kl = []
+                for idx in torch.randperm(batch_size, device=device).view(args.num_minibatches, -1):
+                    loss, stats = loss_fn(actor, batch[idx], args)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
+                    if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # skip, count, maybe stop
+                        skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
+                        if consecutive_skips >= args.max_consecutive_skips:
+                            fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
+                                 f"(last at global step {global_step}); lower --learning-rate or check the env")
+                        continue
+                    consecutive_skips = 0
+                    optimizer.step()
+                    epoch_kl.append(stats["approx_kl"])
+                    update_stats.append(stats)
+                if args.target_kl is not None and epoch_kl and float(torch.stack(epoch_kl).mean()) > args.target_kl:
+                    break
+
+            # ---- logging: one host sync per iteration ----
+            sps = (global_step - start_step) / (time.time() - start_time)
+            means = torch.stack(update_stats).mean(0).items() if update_stats else ()
+            scalars = {("grpo/" if k == "kl_ref" else "losses/") + k: v for k, v in means}
+            scalars.update({"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                            "charts/skipped_updates": skipped, "grpo/mask_frac": mask.float().mean(),
+                            "grpo/finished_frac": (~alive).float().mean(), **rollout_stats.scalars(),
+                            **{f"grpo/{k}": v for k, v in adv_stats.items()}})
+            if rollout_stats.has_success:  # every env counts: its first episode succeeded within the horizon or not
+                scalars["charts/success_rate"] = success.float().mean()
+            logger.log(scalars, global_step)
+            logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
+                            succ=logger.latest.get("charts/success_rate"))
+
+            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes); the last
+            # iteration evaluates (unless stopped) and writes last.pt
+            stopping = stop.requested
+            last = stopping or iteration == num_iterations
+            names = ["last.pt"] if last else []
+            if (args.eval_freq and iteration >= next_eval) or (last and not stopping):
+                next_eval = iteration + args.eval_freq
+                eval_result, is_best = evaluator.run(act, global_step)
+                names += ["best.pt"] * is_best
+            if args.save_freq and iteration >= next_save:
+                next_save = iteration + args.save_freq
+                names += ["last.pt", f"iter_{iteration:06d}.pt"]
+            save_checkpoints([logger.checkpoint_dir / n for n in dict.fromkeys(names)], args, actor, ref_actor,
+                             optimizer, envs, evaluator, iteration, global_step, num_iterations, lr_anchor)
+            if stopping:
                 break
 
-        # ---- logging: one host sync per iteration ----
-        sps = (global_step - start_step) / (time.time() - start_time)
-        scalars = {f"losses/{k}": v for k, v in stats.items() if k != "kl_ref"}
-        scalars.update({"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                        "charts/skipped_updates": skipped,
-                        "grpo/kl_ref": stats["kl_ref"], "grpo/mask_frac": mask.float().mean(),
-                        **{f"grpo/{k}": v for k, v in adv_stats.items()}})
-        if float(ep_sums[0]) > 0:
-            n_ep = ep_sums[0]
-            scalars.update({"charts/episodic_return": ep_sums[1] / n_ep, "charts/episodic_length": ep_sums[2] / n_ep})
-            if has_success:  # envs without a success signal (e.g. MuJoCo locomotion) log none
-                scalars["charts/success_rate"] = ep_sums[3] / n_ep
-        logger.log(scalars, global_step)
-        logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                        succ=logger.latest.get("charts/success_rate"))
-
-        # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
-        if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
-            next_eval = iteration + args.eval_freq
-            run_eval(iteration)
-        if args.save_freq and iteration >= next_save:
-            next_save = iteration + args.save_freq
-            save_checkpoint("last.pt", iteration)
-            save_checkpoint(f"iter_{iteration:06d}.pt", iteration)
-        if stop["requested"]:
-            break
-
-    checkpoint = save_checkpoint("last.pt", iteration)
-    if not stop["requested"]:
-        run_eval(iteration)
-    signal.signal(signal.SIGINT, previous_handler)
+    checkpoint = str(logger.checkpoint_dir / "last.pt")
     wall = time.time() - start_time
-    logger.write_summary(global_step=global_step, wall_time_s=wall, sps=(global_step - start_step) / max(wall, 1e-9),
-                         eval=eval_result, checkpoint=checkpoint)
-    logger.write(f"done: global_step={global_step} wall_time={wall:.1f}s eval={eval_result}")
-    logger.close()
+    logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
     envs.close()
     eval_envs.close()
-    if stop["requested"]:
+    if stop.requested:
         sys.exit(130)
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
-
-
-def evaluate_checkpoint(args: Args) -> dict:
-    """--eval-checkpoint: evaluate a saved grpo policy on the eval envs (video if asked), write summary.json."""
-    ckpt = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", args.env_id, True)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    eval_envs = build_env(args, device, args.num_eval_envs, args.seed + 10_000, "eval_env_kwargs")
-    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
-    if (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
-        fail(f"--eval-checkpoint: the checkpoint has obs/act dims {ckpt['obs_dim']}/{ckpt['act_dim']}, "
-             f"{args.env_id} has {obs_dim}/{act_dim}")
-    actor = Actor(obs_dim, act_dim, tuple(ckpt["args"]["hidden_sizes"]), args.init_logstd).to(device)
-    actor.load_state_dict(ckpt["model"])
-    logger = RunLogger("grpo", args, env_id=args.env_id, seed=args.seed, exp_name=args.exp_name,
-                       output_dir=args.output_dir, track=args.track, wandb_project_name=args.wandb_project_name,
-                       wandb_entity=args.wandb_entity, total_iterations=None)
-    frames = [] if args.capture_video else None
-    result = evaluate(actor, eval_envs, args.num_eval_episodes, args.eval_deterministic, args.seed + 10_000, frames)
-    result["global_step"] = ckpt["global_step"]
-    logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None},
-               ckpt["global_step"])
-    if frames and frames[0] is not None:
-        logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{ckpt['global_step']}",
-                           ckpt["global_step"])
-    elif frames is not None:
-        logger.write(f"warning: {args.env_id} cannot render here; no video")
-    logger.write(f"eval of {args.eval_checkpoint}: {result}")
-    logger.write_summary(global_step=ckpt["global_step"], wall_time_s=0.0, sps=0.0, eval=result,
-                         checkpoint=args.eval_checkpoint)
-    logger.close()
-    eval_envs.close()
-    return {"run_dir": str(logger.run_dir), "eval": result, "global_step": ckpt["global_step"], "checkpoint": None}
-
 
 if __name__ == "__main__":
     main(tyro.cli(Args))

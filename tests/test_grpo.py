@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import os
 import signal
 from pathlib import Path
 
+import grpo_test_helpers  # noqa: F401 - the --policy factories and envs of these tests
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -98,17 +99,21 @@ def reference_mask(dones):
 
 
 def reference_advantages(returns, mask, group_size, scale, eps):
-    """One group and one time step at a time, in Python floats."""
+    """One group at a time, in Python floats: the cells (time steps) with two or more alive members whose
+    returns differ are centred on their mean and divided by the group's std pooled over those cells."""
     T, N = returns.shape
     adv = torch.zeros(T, N, dtype=torch.float64)
-    for t in range(T):
-        for g0 in range(0, N, group_size):
+    for g0 in range(0, N, group_size):
+        cells = []  # (time step, alive members, their returns, their mean)
+        for t in range(T):
             members = [n for n in range(g0, g0 + group_size) if mask[t, n]]
             values = [float(returns[t, n]) for n in members]
-            if len(values) < 2 or len(set(values)) == 1:
-                continue  # zero advantage
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+            if len(values) >= 2 and len(set(values)) > 1:  # else zero advantage
+                cells.append((t, members, values, sum(values) / len(values)))
+        squares = sum((v - mean) ** 2 for _, _, values, mean in cells for v in values)
+        dof = sum(len(values) - 1 for _, _, values, _ in cells)
+        std = math.sqrt(squares / dof) if dof else 0.0
+        for t, members, values, mean in cells:
             for n, v in zip(members, values):
                 adv[t, n] = (v - mean) / (std + eps) if scale else v - mean
     return adv
@@ -151,11 +156,13 @@ def test_group_advantages_match_reference(scale, eps):
     assert torch.isfinite(adv).all()
     assert (adv[~mask] == 0).all() and (adv[:, 4:8] == 0).all()
     assert 0 < float(stats["zero_adv_group_frac"]) < 1 and float(stats["mean_group_std"]) > 0
-    # with every member alive and scaling, each group's advantages have mean 0 and (Bessel) std ~1
+    # with every member alive and scaling, each group's advantages have mean 0 at every time step and a
+    # (Bessel, pooled over the time steps) std of ~1
     full, _ = group_advantages(returns, torch.ones_like(mask), 4, True, 1e-8)
     live = full.reshape(-1, 3, 4)[:, [0, 2]]
     torch.testing.assert_close(live.mean(-1), torch.zeros_like(live.mean(-1)), atol=1e-5, rtol=0)
-    torch.testing.assert_close(live.std(-1), torch.ones_like(live.std(-1)), atol=1e-4, rtol=0)
+    pooled_var = (live - live.mean(-1, keepdim=True)).pow(2).sum((0, 2)) / (live.shape[0] * 3)
+    torch.testing.assert_close(pooled_var.sqrt(), torch.ones(2), atol=1e-4, rtol=0)
 
 
 def test_group_advantages_degenerate_groups_are_zero_not_nan():
@@ -249,7 +256,7 @@ def test_smoke_run_then_resume_continues(tmp_path):
     last = run_dir / "checkpoints" / "last.pt"
     assert last.is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
     ckpt = torch.load(last, weights_only=True)
-    assert ckpt["iteration"] == 3 and ckpt["env_id"] == "PushCubeRL"
+    assert ckpt["iteration"] == 3 and ckpt["args"]["env_id"] == "PushCubeRL"
 
     out2 = main(tiny_args(tmp_path, total_timesteps=5 * 8 * 50, resume=str(last)))
     assert out2["global_step"] == 5 * 8 * 50
@@ -270,7 +277,7 @@ def test_smoke_run_then_resume_continues(tmp_path):
     assert "--resume" in one_line_exit(excinfo) and "dims" in str(excinfo.value.code)
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, resume=str(tmp_path / "missing.pt")))
-    assert "no such file" in one_line_exit(excinfo)
+    assert "no such checkpoint file" in one_line_exit(excinfo)
 
 
 def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
@@ -286,20 +293,12 @@ def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
     assert [e.step for e in EventAccumulator(resumed["run_dir"]).Reload().Scalars("charts/SPS")] == [1600, 2000]
 
 
-def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path, monkeypatch):
-    calls = {"n": 0}
-    real = grpo.group_advantages
-
-    def ctrl_c_on_second_call(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*a, **k)
-
-    monkeypatch.setattr(grpo, "group_advantages", ctrl_c_on_second_call)
+def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
+    """Ctrl-C in the middle of iteration 2 (the actor sends SIGINT at its 75th rollout step of 50 a horizon)."""
     previous = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as excinfo:
-        main(tiny_args(tmp_path, total_timesteps=10 * 8 * 50, save_freq=0, eval_freq=0))
+        main(tiny_args(tmp_path, total_timesteps=10 * 8 * 50, save_freq=0, eval_freq=0,
+                       policy="grpo_test_helpers:sigint_actor", policy_kwargs='{"at_call": 75}'))
     assert excinfo.value.code == 130
     assert signal.getsignal(signal.SIGINT) is previous  # the handler is given back
     (run_dir,) = tmp_path.iterdir()
@@ -338,7 +337,8 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     agent = ppo.Agent(31, 7, ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))
     torch.nn.init.normal_(agent.actor_mean[-1].weight, std=0.3)  # not what a fresh init would give
     path = tmp_path / "ppo.pt"
-    ppo_ckpt = {"model": agent.state_dict(), "env_id": "PushCubeRL", "obs_dim": 31, "act_dim": 7, "args": {}}
+    ppo_ckpt = {"script": "ppo_continuous", "model": agent.state_dict(), "obs_dim": 31, "act_dim": 7,
+                "args": dataclasses.asdict(ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))}
     torch.save(ppo_ckpt, path)
     out = main(tiny_args(tmp_path, ref_checkpoint=str(path), kl_coef=0.5, learning_rate=1e-9, total_timesteps=400))
     ckpt = torch.load(out["checkpoint"], weights_only=True)

@@ -1,0 +1,80 @@
+"""Test-only helpers for grpo.py, used through its public hooks (``--policy grpo_test_helpers:<factory>``,
+``--env-id <registered id>``) instead of replacing the script's globals.
+
+- ``sigint_actor``: the built-in Actor that sends SIGINT to its own process at its ``at_call``-th rollout step
+  (a no-grad call on a batch of ``num_envs`` observations), like a user pressing Ctrl-C mid-iteration.
+- ``nan_actor``: the built-in Actor whose ``at_calls``-th training forwards (grad enabled) give NaN action
+  means, so those minibatches have a NaN loss and are skipped.
+- ``GRPOSuccessToy-v0``: episodes of up to 10 steps; an action > 0 at the 2nd step ends the episode with
+  success, otherwise it runs to the limit without success. With ``--num-steps`` 5, only successes end inside
+  the horizon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from cleanrl_embodied import grpo
+
+
+def _actor(obs_space, act_space, args) -> grpo.Actor:
+    return grpo.Actor(obs_space.shape[0], act_space.shape[0], args.hidden_sizes, args.init_logstd)
+
+
+class SigintActor(grpo.Actor):
+    def dist(self, obs):
+        if not torch.is_grad_enabled() and obs.shape[0] == self.num_envs:
+            self.calls += 1
+            if self.calls == self.at_call:
+                os.kill(os.getpid(), signal.SIGINT)
+        return super().dist(obs)
+
+
+def sigint_actor(obs_space, act_space, args, at_call: int) -> grpo.Actor:
+    actor = _actor(obs_space, act_space, args)
+    actor.__class__ = SigintActor
+    actor.calls, actor.at_call, actor.num_envs = 0, at_call, args.num_envs
+    return actor
+
+
+class NaNActor(grpo.Actor):
+    def dist(self, obs):
+        d = super().dist(obs)
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls in self.at_calls:
+                return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
+        return d
+
+
+def nan_actor(obs_space, act_space, args, at_calls: list[int]) -> grpo.Actor:
+    actor = _actor(obs_space, act_space, args)
+    actor.__class__ = NaNActor
+    actor.calls, actor.at_calls = 0, set(at_calls)
+    return actor
+
+
+class SuccessToy(gym.Env):
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self._t, self._x = 0, np.zeros(2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._x = 0, self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self._x.copy(), {}
+
+    def step(self, action):
+        self._t += 1
+        success = self._t == 2 and float(action[0]) > 0
+        return self._x.copy(), float(success), success, False, {"success": success}
+
+
+if "GRPOSuccessToy-v0" not in gym.registry:
+    gym.register("GRPOSuccessToy-v0", entry_point=SuccessToy, max_episode_steps=10)
