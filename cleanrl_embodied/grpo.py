@@ -317,8 +317,11 @@ def main(args: Args) -> dict:
     if args.compile:
         policy, advantages_fn, loss_fn = torch.compile(policy), torch.compile(advantages_fn), torch.compile(loss_fn)
 
-    storage = rollout_storage(horizon, args.num_envs, device, obs=((obs_dim,), torch.float32), done=((), torch.bool),
-                              action=((act_dim,), torch.float32), logprob=((), torch.float32), reward=((), torch.float))
+    storage = rollout_storage(
+        horizon, args.num_envs, device,
+        obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32), logprob=((), torch.float32),
+        reward=((), torch.float32), done=((), torch.bool),
+    )
     iteration, eval_result, skipped, consecutive_skips = start_iteration - 1, None, 0, 0
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -421,6 +424,7 @@ def main(args: Args) -> dict:
     if stop.requested:
         sys.exit(130)
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
+
 
 if __name__ == "__main__":
     main(tyro.cli(Args))
