@@ -109,8 +109,9 @@ def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everythi
 def test_exception_in_the_learner_keeps_the_last_consistent_checkpoint(tmp_path):
     """A crash inside the update of iteration 3 stops the collector, writes summary.json, and leaves the
     last.pt of iteration 2 as it was (with the collector's state), from which a resume continues exactly."""
+    toy_policies.FAILED_ONCE.clear()
     args = dict(iterations=5, save_freq=2, policy="toy_policies:fail_in_update", target_kl=None,
-                policy_kwargs='{"at_call": 9}')  # 2 epochs x 2 minibatches: call 9 is in iteration 3
+                policy_kwargs='{"at_call": 9, "once": true}')  # 2 epochs x 2 minibatches: call 9 is in iteration 3
     with pytest.raises(RuntimeError, match="injected failure inside the update"):
         ppo_async.main(tiny_args(tmp_path / "a", **args))
     assert not collector_alive()
@@ -118,8 +119,7 @@ def test_exception_in_the_learner_keeps_the_last_consistent_checkpoint(tmp_path)
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["iteration"] == 2 and ckpt["global_step"] == 160 and ckpt["collector"] is not None
     assert json.loads((run_dir / "summary.json").read_text())["checkpoint"].endswith("last.pt")
-    # the same run without the fault, resumed from that last.pt, ends with the straight run's weights
-    args.update(policy=None, policy_kwargs="{}")
+    # the same run without the fault (it fired once already), resumed from that last.pt, ends as the straight run
     straight = ppo_async.main(tiny_args(tmp_path / "b", **args))
     resumed = ppo_async.main(tiny_args(tmp_path / "c", resume=str(run_dir / "checkpoints" / "last.pt"), **args))
     a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (straight, resumed))

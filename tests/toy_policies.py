@@ -34,8 +34,13 @@ def nan_loss_every(obs_space, act_space, args, every: int = 3):
     return NaNAgent(obs_space.shape[0], act_space.shape[0], args)
 
 
-def fail_in_update(obs_space, act_space, args, at_call: int = 5):
-    """An Agent that raises RuntimeError at its ``at_call``-th training forward (inside an update)."""
+FAILED_ONCE: set[str] = set()
+
+
+def fail_in_update(obs_space, act_space, args, at_call: int = 5, once: bool = False):
+    """An Agent that raises RuntimeError at its ``at_call``-th training forward (inside an update). With
+    ``once``, only the first run of this process that reaches that call fails (later runs with the same
+    --policy, e.g. a resume, which must name the same policy, train normally)."""
 
     class FailingAgent(_agent_class(args)):
         calls = 0
@@ -43,7 +48,8 @@ def fail_in_update(obs_space, act_space, args, at_call: int = 5):
         def dist(self, obs):
             if torch.is_grad_enabled():
                 type(self).calls += 1
-                if type(self).calls == at_call:
+                if type(self).calls == at_call and not (once and "fail_in_update" in FAILED_ONCE):
+                    FAILED_ONCE.add("fail_in_update")
                     raise RuntimeError("injected failure inside the update")
             return super().dist(obs)
 

@@ -72,13 +72,14 @@ def set_rng_state(state: dict) -> None:
 
 def resume_lr_anchor(ckpt: dict, num_iterations: int, say) -> tuple[int, float]:
     """The point (iteration, learning rate) from which a resumed run anneals the LR linearly to 0 at its last
-    iteration: the checkpoint's own when ``--total-timesteps`` is unchanged (the straight run's schedule,
-    bit for bit); when it changed, the LR the old schedule would use next, at the checkpoint's iteration,
-    so a longer (or shorter) run continues from where the LR is, without a jump."""
+    iteration: the checkpoint's own. With the same ``--total-timesteps`` that is the straight run's schedule,
+    bit for bit; with another one (training longer), the schedule of a run planned with the new total from
+    the start, which ``say`` announces with the LR before and after (continuing from where the LR was would
+    leave a finished run at 0)."""
     (it0, lr0), done, old_total = ckpt["lr_anchor"], ckpt["iteration"], ckpt["num_iterations"]
-    if old_total == num_iterations:
-        return int(it0), float(lr0)
-    lr = lr0 * (1.0 - (done - it0) / (old_total - it0)) if old_total > it0 else 0.0
-    say(f"--total-timesteps changed ({old_total} -> {num_iterations} iterations): the learning rate continues "
-        f"from {lr:.3g} at iteration {done + 1} and anneals to 0 at iteration {num_iterations}")
-    return int(done), float(lr)
+    if old_total != num_iterations:
+        lr = lambda total: lr0 * (1.0 - (done - it0) / max(total - it0, 1))  # noqa: E731
+        say(f"--total-timesteps changed ({old_total} -> {num_iterations} iterations): the learning rate follows "
+            f"the schedule of a {num_iterations}-iteration run, {lr(num_iterations):.3g} at iteration {done + 1} "
+            f"(the old schedule had {max(lr(old_total), 0.0):.3g})")
+    return int(it0), float(lr0)
