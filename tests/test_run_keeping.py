@@ -1,0 +1,58 @@
+"""Shared run-keeping: fresh evaluation starts, per-rank seeds, return traces on a resume without env state,
+the one failure style."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cleanrl_embodied import ppo_continuous, ppo_ddp
+from cleanrl_embodied.shared import make_env
+from cleanrl_embodied.shared.cli import fail
+from cleanrl_embodied.shared.evaluation import evaluate, evaluation_seed
+
+TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
+            hidden_sizes=(32, 32), cuda=False, eval_freq=0)
+
+
+def test_every_evaluation_starts_from_fresh_reproducible_starts():
+    seeds = {evaluation_seed(1, step) for step in range(0, 100_000, 80)}
+    assert len(seeds) == 1250  # one per evaluation, none repeated
+    assert not seeds & set(range(1, 1 + 100_000))  # ... and none among the training envs' seeds 1, 2, ...
+    env = make_env("PushCubeRL", num_envs=4, seed=0)
+    first_obs = []
+    act = lambda obs, gen: torch.zeros(obs.shape[0], env.single_action_space.shape[0])  # noqa: E731
+    for seed in (evaluation_seed(1, 80), evaluation_seed(1, 80), evaluation_seed(1, 160)):
+        first_obs.append(env.reset(seed=seed)[0].clone())
+        evaluate(act, env, 4, seed)
+    assert torch.equal(first_obs[0], first_obs[1]) and not torch.equal(first_obs[0], first_obs[2])
+
+
+def test_ranks_sample_from_streams_no_other_run_uses():
+    sweep = [(seed, rank) for seed in range(1, 9) for rank in range(4)]
+    streams = [ppo_ddp.rank_seed(seed, rank) for seed, rank in sweep]
+    assert len(set(streams)) == len(sweep)  # rank r of seed s is not rank 0 of seed s + r
+    assert all(ppo_ddp.rank_seed(seed, 0) == seed for seed in range(1, 9))  # rank 0 = ppo_continuous's stream
+
+
+def test_a_resume_without_env_state_starts_the_return_traces_afresh(tmp_path):
+    """Pendulum's numpy sub-envs cannot save their state: a resume restarts their episodes, so the reward
+    normalizer's discounted-return traces must restart too instead of carrying the old episodes' returns."""
+    common = dict(TINY, env_id="Pendulum-v1", norm_reward=True, gamma=0.99, total_timesteps=2 * 80)
+    first = ppo_continuous.main(ppo_continuous.Args(output_dir=str(tmp_path / "a"), **common))
+    last = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["env_state"] is None and ckpt["reward_trace"].abs().sum() > 0
+    # the same budget: the resumed run trains no further iteration and saves what it restored
+    again = ppo_continuous.main(ppo_continuous.Args(output_dir=str(tmp_path / "b"), resume=str(last), **common))
+    restored = torch.load(Path(again["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert torch.equal(restored["reward_trace"], torch.zeros_like(ckpt["reward_trace"]))
+    assert torch.equal(restored["reward_rms"]["var"], ckpt["reward_rms"]["var"])  # the scale itself is kept
+
+
+def test_a_user_mistake_is_one_line_and_exit_status_1():
+    with pytest.raises(SystemExit) as e:
+        fail("--num-envs must be > 0, got 0")
+    assert e.value.code == "error: --num-envs must be > 0, got 0"
