@@ -260,8 +260,8 @@ def main(args: Args) -> dict:
     path, ckpt_flag = args.resume or args.eval_checkpoint, "resume" if args.resume else "eval_checkpoint"
     ckpt = load_checkpoint(path, ckpt_flag, ["grpo"], args, same + (
         ("num_envs", "group_size", "learning_rate", "anneal_lr") if args.resume else ())) if path else None
-    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ["grpo", "ppo_continuous", "ppo_ddp"], args, same) \
-        if args.ref_checkpoint else None
+    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ["grpo", "ppo_continuous", "ppo_ddp"], args,
+                               same) if args.ref_checkpoint else None
     if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
         fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
     seed_everything(args.seed, args.torch_deterministic)
