@@ -25,10 +25,9 @@ What keeps it correct:
   run is reproducible: on CPU the same command gives the same result bit for bit, and --max-staleness 0
   is synchronous PPO with a collector thread.
 
-On CUDA both threads enqueue work on the device's default stream, so kernels run in the order they were
-issued and tensors pass between the threads without events; what overlaps is host work (env stepping,
-Python, inference latency). Read top to bottom: `Args`, the `Agent`, the pure functions (`policy_step`,
-`compute_gae`, `ppo_loss`), evaluation and checkpoints, the `Collector`, then `main` with the learner loop.
+On CUDA both threads enqueue work on the device's default stream, so kernels run in issue order and tensors
+pass between the threads without events; what overlaps is host work (env stepping, Python, inference latency).
+Read top to bottom: `Args`, the `Agent`, the pure functions, the `Collector`, then `main` with the learner.
 """
 
 from __future__ import annotations
@@ -271,10 +270,9 @@ class Collector:
     """Steps the training envs in a background thread with an inference copy of the agent.
 
     Rollout j (counted over the whole run) waits until the learner has consumed j - K rollouts and is then
-    collected, start to end, with the snapshot published at exactly that point; the learner's `publish`
-    after every rollout it consumes is the only way the inference copy changes. Whole rollouts go to the
-    learner through a queue that the wait keeps to at most K + 1 entries. Everything else the collector
-    owns (envs, next_obs, its generator, `next_index`) is read by the learner only while it is paused.
+    collected, start to end, with the snapshot published at exactly that point: the learner's `publish` after
+    each rollout it consumes is the only way the inference copy changes. Rollouts go to the learner through a
+    queue the wait keeps to K + 1 entries; the rest (envs, next_obs, generator) is read only while paused.
     """
 
     def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, next_obs: torch.Tensor,
@@ -338,8 +336,7 @@ class Collector:
         with self.cond:
             self.stop_requested = True
             self.cond.notify_all()
-        if self.thread.is_alive():
-            self.thread.join(timeout=60)
+        self.thread.join(timeout=60)  # the thread is started before the learner loop, so join is valid
         if self.thread.is_alive():
             raise RuntimeError("the ppo_async collector thread did not stop within 60 s")
 
@@ -399,7 +396,7 @@ class Collector:
             data["done"][step] = terminated | truncated
             watch.update(step, self.next_obs, info["final_obs"], reward)
             stats.add(info)
-        data["version"].fill_(version)
+        data["version"].fill_(version)  # every transition carries the policy version that produced it
         return {"index": self.next_index, "version": version, "data": data, "next_obs": self.next_obs,
                 "stats": stats, "watch": watch, "start": start, "end": time.time()}
 
@@ -437,10 +434,10 @@ def main(args: Args) -> dict:
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     gae, loss_fn = (torch.compile(compute_gae), torch.compile(ppo_loss)) if args.compile else (compute_gae, ppo_loss)
-    inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG state)
+    inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
 
-    # Learner counters, changed in this thread only and only after the update they count: rollouts consumed
-    # (= iterations), policy version (= updates made), env steps, rollouts dropped for staleness.
+    # Learner counters, changed here only, after the update they count: rollouts consumed (= iterations),
+    # policy version (= updates made), env steps, rollouts dropped for staleness.
     consumed, version, global_step, dropped, lr_anchor = 0, 0, 0, 0, (0, args.learning_rate)
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # the collector's random stream
     next_obs, _ = envs.reset(seed=args.seed)
@@ -468,9 +465,8 @@ def main(args: Args) -> dict:
     if cstate is not None:
         collector.snapshots = {int(c): (v, s) for c, (v, s) in cstate["snapshots"].items()}
     collector.publish(consumed, version, agent)
-    logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
-                 f"iterations={num_iterations} start={consumed + 1} max_staleness={args.max_staleness} "
-                 f"run_dir={logger.run_dir}")
+    logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations="
+                 f"{num_iterations} start={consumed + 1} max_staleness={args.max_staleness} run_dir={logger.run_dir}")
 
     def save_checkpoint(name: str) -> str:  # only while the collector is paused: both sides at one point
         state = {"script": "ppo_async", "args": dataclasses.asdict(args), "model": agent.state_dict(),
@@ -481,9 +477,9 @@ def main(args: Args) -> dict:
                  "collector": collector.state()}
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
-    eval_result, checkpoint, skipped, consecutive_skips, stats = None, None, 0, 0, None
+    eval_result, checkpoint, skipped, consecutive_skips, stats, timeline = None, None, 0, 0, None, []
     next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
-    start_time, start_step, timeline = time.time(), global_step, []
+    start_time, start_step = time.time(), global_step
     collector.thread.start()
     try:
         with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
