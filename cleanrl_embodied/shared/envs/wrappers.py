@@ -9,7 +9,7 @@
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
 - :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device.
 
-See ``CONVENTIONS.md`` ("The env contract") and ``docs/INTERFACES.md``.
+See "The env contract" in the README and ``docs/INTERFACES.md``.
 """
 
 from __future__ import annotations
