@@ -4,6 +4,7 @@ can't be imported, and ManiSkill left alone (not imported, nothing printed) for 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -137,9 +138,23 @@ def test_ppo_continuous_trains_on_a_module_env_id(tmp_path):
     assert again["global_step"] == 300 and again["eval"]["episodic_length"] > 0
 
 
-def test_trainer_refuses_an_unimportable_module_in_one_line(tmp_path):
+def test_grpo_trains_on_a_module_env_id(tmp_path):
+    """GRPO's group resets go through seeded Gymnasium sub-envs here: a second trainer on the same path."""
+    from cleanrl_embodied import grpo
+
+    out = grpo.main(grpo.Args(env_id=TEST_ENV, num_envs=4, group_size=2, total_timesteps=4 * 50 * 2,
+                              num_minibatches=2, update_epochs=1, num_eval_envs=2, num_eval_episodes=2,
+                              hidden_sizes=(16, 16), output_dir=str(tmp_path), cuda=False))
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["env_id"] == TEST_ENV and summary["global_step"] == 400
+    assert Path(out["run_dir"]).name.startswith("PointReach-v0__")
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "grpo", "ppo_ddp", "ppo_async"])
+def test_every_trainer_refuses_an_unimportable_module_in_one_line(tmp_path, script):
+    trainer = importlib.import_module(f"cleanrl_embodied.{script}")
     with pytest.raises(SystemExit) as e:
-        ppo.main(ppo.Args(env_id="no_such_task_package_xyz:Reach-v0", output_dir=str(tmp_path), cuda=False))
+        trainer.main(trainer.Args(env_id="no_such_task_package_xyz:Reach-v0", output_dir=str(tmp_path), cuda=False))
     message = str(e.value.code)
     assert message.startswith("error: --env-id") and "\n" not in message
     assert "'no_such_task_package_xyz'" in message and "pip install no-such-task-package-xyz" in message
