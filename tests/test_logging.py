@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -266,3 +267,51 @@ def test_track_wandb_offline(tmp_path, monkeypatch):
     records = next(offline_runs[0].glob("*.wandb")).read_bytes()
     assert b"charts/SPS" in records  # the TensorBoard scalar was synced into the W&B run
     assert list(offline_runs[0].glob("files/media/videos/**/*.mp4"))
+
+
+def _console_lines(text: str) -> list[str]:
+    """What a log viewer shows: carriage returns and newlines both end a line; blank lines dropped."""
+    return [line.strip() for line in re.split(r"[\r\n]", text) if line.strip()]
+
+
+@pytest.mark.parametrize("iterations_run", [3, 2])  # 2 of 3: a Ctrl-C, or a resumed run whose bar never fills
+def test_console_ends_with_the_bars_last_line_once_then_done(tmp_path, monkeypatch, iterations_run):
+    console = io.StringIO()  # stdout and stderr in one stream, as in `python ppo_continuous.py > log 2>&1`
+    monkeypatch.setattr(sys, "stdout", console)
+    monkeypatch.setattr(sys, "stderr", console)
+    monkeypatch.delenv("UV", raising=False)
+    monkeypatch.chdir(tmp_path)
+    logger = RunLogger("ppo_continuous", Args(output_dir="runs"), total_iterations=3)
+    logger.write("device=cpu envs=8")
+    for i in range(iterations_run):
+        logger.progress((i + 1) * 80, SPS=100.0)
+        if i == 0:
+            logger.write("warning: a mid-run message")
+    logger.write_summary(global_step=iterations_run * 80, wall_time_s=1.0, sps=80.0)
+    logger.write(f"done: global_step={iterations_run * 80}")
+    logger.close()
+    logger.close()
+
+    lines = _console_lines(console.getvalue())
+    final = f"{iterations_run}/3"
+    assert lines[0] == "device=cpu envs=8"
+    assert lines[1] == "curves: tensorboard --logdir runs  (then open http://localhost:6006)"
+    assert "warning: a mid-run message" in lines
+    assert lines[-1] == f"done: global_step={iterations_run * 80}"
+    assert lines[-2].startswith("PushCubeRL:") and final in lines[-2] and f"step={iterations_run * 80}" in lines[-2]
+    assert sum(final in line for line in lines) == 1  # the bar's last state, once
+
+
+def test_module_env_id_run_dir_and_bar_use_the_id_without_its_module(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("UV", "/usr/bin/uv")  # started by `uv run`: the hint says so
+    logger = RunLogger("ppo_continuous", Args(env_id="tests.envs_for_tests:PointReach-v0", output_dir=tmp_path / "runs"),
+                       total_iterations=1)
+    assert re.fullmatch(r"PointReach-v0__test_exp__3__\d{10}", logger.run_name)
+    logger.progress(10, SPS=1.0)
+    logger.write_summary(global_step=10, wall_time_s=1.0, sps=10.0)
+    logger.close()
+    summary = json.loads((logger.run_dir / "summary.json").read_text())
+    assert summary["env_id"] == "tests.envs_for_tests:PointReach-v0"  # the full id, as --env-id takes it
+    out = capsys.readouterr()
+    assert f"uv run tensorboard --logdir {tmp_path / 'runs'}" in out.out
+    assert "PointReach-v0: 100%" in out.err and "tests.envs_for_tests" not in out.err

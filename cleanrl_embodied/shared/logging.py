@@ -3,7 +3,9 @@
 A trainer creates one :class:`RunLogger` at start-up and calls
 
 * ``log({...}, step)`` with CleanRL-named scalars (tensors are fetched with a single host transfer),
-* ``progress(global_step, SPS=..., ret=...)`` once per iteration for the console bar,
+* ``progress(global_step, SPS=..., ret=...)`` once per iteration for the console bar (the first call also
+  prints the ``tensorboard --logdir ...`` command that shows the run's curves),
+* ``write(message)`` for console lines (``write("done: ...")``, the run's last line, ends the bar first),
 * ``write_video(frames, name, step)`` for evaluation videos,
 * ``write_summary(...)`` at the end (also on Ctrl-C), and ``close()``.
 
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -187,6 +190,13 @@ def _args_dict(args: Any) -> dict[str, Any]:
     return _jsonable(dict(raw), nonfinite=str)
 
 
+def _path_env_id(env_id: str) -> str:
+    """The env id as it appears in run-directory names and on the progress bar: ``module:EnvId`` -> ``EnvId``
+    (the module only says where the id is registered; summary.json and checkpoints keep the full id, and a ':'
+    in a path is illegal on Windows and is TensorBoard's ``--logdir_spec`` separator)."""
+    return env_id.rpartition(":")[2] or env_id
+
+
 def _human(n: float) -> str:
     """Compact count: 950, 12.3k, 1.2M, 3.4B."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -245,7 +255,7 @@ class RunLogger:
         self.total_iterations = total_iterations
 
         # Run directory: mkdir (no exist_ok) claims the name even if two runs start at the same second.
-        base = f"{env_id}__{exp_name}__{seed}__{int(time.time())}".replace(os.sep, "_")
+        base = f"{_path_env_id(env_id)}__{exp_name}__{seed}__{int(time.time())}".replace(os.sep, "_")
         root = Path(output_dir)
         root.mkdir(parents=True, exist_ok=True)
         suffix = 0
@@ -324,10 +334,11 @@ class RunLogger:
         work but cost a device sync each.
         """
         if self._bar is None:
+            self.write(f"curves: {self._tensorboard_command()}  (then open http://localhost:6006)")
             tty = sys.stderr.isatty()
             self._bar = tqdm(
                 total=self.total_iterations,
-                desc=self.env_id,
+                desc=_path_env_id(self.env_id),
                 unit="it",
                 file=sys.stderr,
                 disable=not self.console,
@@ -337,15 +348,48 @@ class RunLogger:
                 mininterval=0.5 if tty else 30.0,
                 smoothing=0.1,
             )
+        elif self._bar.disable:
+            return  # console off, or the bar was ended (progress after the run's last line): nothing to draw
         parts = [f"{k}={_fmt(v)}" for k, v in fields.items() if v is not None]
         parts.append(f"step={_human(global_step)}")
         self._bar.set_postfix_str(" ".join(parts), refresh=False)
         self._bar.update(1)
 
+    def _tensorboard_command(self) -> str:
+        """The command that shows this run's curves: ``tensorboard --logdir <output_dir>``, through ``uv run``
+        when this process was started by it (then tensorboard lives in the project's environment)."""
+        logdir = self.run_dir.parent
+        try:
+            logdir = logdir.relative_to(Path.cwd()) if logdir.is_absolute() else logdir
+        except ValueError:
+            pass
+        prefix = "uv run " if os.environ.get("UV") else ""
+        return f"{prefix}tensorboard --logdir {shlex.quote(str(logdir))}"
+
+    def _end_bar(self) -> None:
+        """Print the bar's final state once, on its own line, and stop drawing it (idempotent: tqdm's close()
+        redraws the bar one last time, ends the line and sets ``disable``; a second close() does nothing)."""
+        if self._bar is not None:
+            self._bar.close()
+
     def write(self, message: str) -> None:
-        """Print a line on the console without breaking the progress bar (silent if console=False)."""
-        if self.console:
-            tqdm.write(str(message))
+        """Print a line on the console without breaking the progress bar (silent if console=False).
+
+        Once the bar is full (every iteration counted), or for the run's last line (a message starting with
+        ``done:``, e.g. after a Ctrl-C or a resumed run whose bar never fills), the bar is ended first: its
+        final line is printed once, then the message below it, and :meth:`close` prints no bar again.
+        Messages go to stdout (flushed, so a log of stdout and stderr together keeps this order), the bar to
+        stderr.
+        """
+        if not self.console:
+            return
+        message = str(message)
+        bar = self._bar
+        if bar is not None and (message.startswith("done:") or (bar.total is not None and bar.n >= bar.total)):
+            self._end_bar()
+        sys.stderr.flush()
+        tqdm.write(message, file=sys.stdout)
+        sys.stdout.flush()
 
     # -- videos ---------------------------------------------------------------------------------
     def write_video(self, frames: Any, name: str, step: int, fps: int = 20) -> Path:
@@ -464,8 +508,7 @@ class RunLogger:
         if self._closed:
             return
         self._closed = True
-        if self._bar is not None:
-            self._bar.close()
+        self._end_bar()
         self.writer.flush()
         self.writer.close()
         if self._wandb is not None:

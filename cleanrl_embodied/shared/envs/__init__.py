@@ -10,11 +10,19 @@ data are torch tensors on ``device`` (docs/ENV_CONTRACT.md):
   sub-envs (SAME_STEP autoreset, ``vectorization="sync"`` or ``"async"``, ``render_mode="rgb_array"`` where
   the env has it) -> :func:`numpy_vector_to_torch` (clip + rescale actions so the policy acts in [-1, 1],
   :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict observations, :class:`EpisodeStatistics`).
+- ``"module:EnvId"`` (Gymnasium's own form, as in ``gymnasium.make``): ``module`` is imported first, so that a
+  package that registers its ids on import (gymnasium-robotics, a lab's task package, a ``.py`` file in the
+  current directory) works from the command line; then ``EnvId`` is treated as above (:func:`resolve_env_id`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +39,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
     numpy_vector_to_torch,
 )
 
-__all__ = ["BUILTIN_ENV_IDS", "check_env_id", "env_state_dict", "load_env_state_dict", "make_env"]
+__all__ = ["BUILTIN_ENV_IDS", "check_env_id", "env_state_dict", "load_env_state_dict", "make_env", "resolve_env_id"]
 
 BUILTIN_ENV_IDS = ("PushCubeRL",)
 
@@ -49,15 +57,65 @@ if "PushCubeRL" not in gym.registry:  # importing this module twice (or reloadin
     gym.register(id="PushCubeRL", vector_entry_point=_make_push_cube_vec)
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise a one-line ``ValueError`` if ``env_id`` is neither built in, nor a registered Gymnasium id, nor a
-    ManiSkill id (checked only when ``mani_skill`` is installed; importing it takes a few seconds)."""
-    if env_id in BUILTIN_ENV_IDS or env_id in gym.registry or is_maniskill_id(env_id):
-        return
+def _import_env_module(env_id: str, module: str) -> None:
+    """Import the ``module`` of a ``module:EnvId`` id (its import registers the id); a module (``.py`` file or
+    package) in the current directory is found too. A failure is one ``ValueError`` line; a missing package is
+    named with the command that installs it."""
+    for attempt in (1, 2):
+        try:
+            importlib.import_module(module)
+            return
+        except ModuleNotFoundError as e:
+            missing = e.name or module
+            not_found = missing.split(".")[0] == module.split(".")[0]
+            if attempt == 1 and not_found and os.getcwd() not in sys.path:
+                sys.path.append(os.getcwd())  # `python script.py` puts the script's folder on sys.path, not the cwd
+                continue
+            top = missing.split(".")[0]
+            if importlib.util.find_spec(top) is not None:  # installed, yet a submodule is missing: no install hint
+                raise ValueError(f"--env-id {env_id!r}: importing module {module!r} failed "
+                                 f"(No module named {missing!r})") from None
+            package = top.replace("_", "-")  # the usual distribution name of an importable name
+            what = f"module {module!r} can't be imported" if not_found else (
+                f"module {module!r} needs {missing!r}, which can't be imported")
+            raise ValueError(f"--env-id {env_id!r}: {what}; install the package that provides it, e.g. "
+                             f"`uv pip install {package}` (without uv: `pip install {package}`)") from None
+        except Exception as e:  # the module itself is broken: say how, in one line
+            reason = (str(e).splitlines() or [""])[0]
+            raise ValueError(f"--env-id {env_id!r}: importing module {module!r} failed "
+                             f"({type(e).__name__}: {reason})") from None
+
+
+def resolve_env_id(env_id: str) -> str:
+    """The registry id behind ``env_id``: for ``"module:EnvId"`` the module is imported and ``"EnvId"`` returned;
+    any other id is returned unchanged. Importing the module is the only side effect (nothing is checked here)."""
+    if ":" not in env_id:
+        return env_id
+    module, _, name = env_id.partition(":")
+    if not module or not name or ":" in name:
+        raise ValueError(f"--env-id {env_id!r}: use an id (e.g. Pendulum-v1) or module:EnvId "
+                         "(e.g. gymnasium_robotics:PointMaze_UMazeDense-v3), with one ':'")
+    _import_env_module(env_id, module)
+    return name
+
+
+def check_env_id(env_id: str) -> str:
+    """Return the registry id of ``env_id`` (see :func:`resolve_env_id`), or raise a one-line ``ValueError`` if it is
+    neither built in, nor a registered Gymnasium id, nor a ManiSkill id. ManiSkill is looked up (imported, seconds;
+    only when installed) only for an id Gymnasium doesn't know, even after importing the ``module:`` part."""
+    name = resolve_env_id(env_id)
+    if name in BUILTIN_ENV_IDS or name in gym.registry or is_maniskill_id(name):
+        return name
+    close = difflib.get_close_matches(name, [*BUILTIN_ENV_IDS, *gym.registry], n=3, cutoff=0.75)
+    if name != env_id:
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(f"--env-id {env_id!r} is unknown: no Gymnasium id {name!r} is registered after importing "
+                         f"{env_id.partition(':')[0]!r}{hint}")
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     raise ValueError(
-        f"--env-id {env_id!r} is unknown: use a built-in id ({', '.join(BUILTIN_ENV_IDS)}) or any registered "
-        "Gymnasium id (e.g. Pendulum-v1); MuJoCo ids need `uv sync --extra mujoco`, "
-        "ManiSkill ids need `uv sync --extra maniskill`"
+        f"--env-id {env_id!r} is unknown{hint}: use a built-in id ({', '.join(BUILTIN_ENV_IDS)}), any registered "
+        "Gymnasium id (e.g. Pendulum-v1) or module:EnvId to import the package that registers it first; "
+        "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`"
     )
 
 
@@ -77,10 +135,11 @@ def make_env(
     ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
+    ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``).
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
     """
-    check_env_id(env_id)
+    env_id = check_env_id(env_id)
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)

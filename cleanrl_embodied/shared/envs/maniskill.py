@@ -21,10 +21,15 @@ Nothing here imports ``mani_skill`` before it is needed.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import importlib
 import importlib.util
+import io
+import os
+import sys
+import tempfile
 import warnings
 from typing import Any
 
@@ -65,13 +70,57 @@ def _from_maniskill(spec: gym.envs.registration.EnvSpec) -> bool:
 
 
 def is_maniskill_id(env_id: str) -> bool:
-    """True for ids registered by ManiSkill. Imports ``mani_skill.envs`` (seconds) only for an id Gymnasium
-    doesn't know yet, and only when ``mani_skill`` is installed."""
+    """True for ids registered by ManiSkill. An id Gymnasium knows is decided from its registration, without
+    importing anything. Only for an id Gymnasium doesn't know, and only when ``mani_skill`` is installed, is
+    ``mani_skill.envs`` imported (seconds) to look; whatever that import prints (SAPIEN's Vulkan/render device
+    warnings) is held back and shown only if the id does turn out to be ManiSkill's, so a run that doesn't use
+    ManiSkill (a typo, an id of another package) prints nothing about it."""
     spec = gym.registry.get(env_id)
     if spec is None and importlib.util.find_spec("mani_skill") is not None:
-        _import_maniskill()
+        with _HeldOutput() as held:
+            _import_maniskill()
         spec = gym.registry.get(env_id)
+        if spec is not None and _from_maniskill(spec):
+            held.replay()
     return spec is not None and _from_maniskill(spec)
+
+
+class _HeldOutput:
+    """Hold back what this process prints inside a ``with`` block: Python-level writes to ``sys.stdout`` /
+    ``sys.stderr`` and, at the file-descriptor level, what C++ libraries (SAPIEN) write to fds 1 and 2;
+    ``replay()`` writes it all to stderr afterwards."""
+
+    def __enter__(self) -> _HeldOutput:
+        self._file, self._python = tempfile.TemporaryFile(), io.StringIO()
+        self._streams, self._saved_fds = (sys.stdout, sys.stderr), []
+        for stream, fd in zip(self._streams, (1, 2)):
+            try:
+                stream.flush()
+                saved = os.dup(fd)
+            except (OSError, ValueError, AttributeError):  # no such fd (an embedded interpreter): leave it
+                continue
+            os.dup2(self._file.fileno(), fd)
+            self._saved_fds.append((fd, saved))
+        sys.stdout = sys.stderr = self._python
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout, sys.stderr = self._streams
+        try:  # C stdio buffers: out before the fds go back
+            ctypes.CDLL(None).fflush(None)
+        except Exception:
+            pass
+        for fd, saved in self._saved_fds:
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace") + self._python.getvalue()
+        self._file.close()
+
+    def replay(self) -> None:
+        if self.text:
+            sys.stderr.write(self.text)
+            sys.stderr.flush()
 
 
 def _import_maniskill() -> None:

@@ -1,0 +1,79 @@
+"""Tiny Gymnasium envs for the tests, registered when this module is imported.
+
+They stand in for a package that registers its own ids (gymnasium-robotics, a lab's task package), so tests can
+use Gymnasium's ``module:EnvId`` form, e.g. ``make_env("tests.envs_for_tests:PointReach-v0", num_envs=4)`` or
+``--env-id tests.envs_for_tests:PointReach-v0`` (the repository root is on ``sys.path`` through the editable
+install, or as the current directory).
+
+``PointReach-v0`` (:class:`PointReach`): a point in ``[-1, 1]^dim`` moves by ``0.1 * action`` (actions clipped
+to ``[-1, 1]``) towards a target drawn at reset. Observation ``float32 [2 * dim]`` = (position, target - position);
+reward ``-|target - position|``; ``info["success"]`` (bool) when within 0.1 of the target, which also terminates
+the episode; truncated after 50 steps (``max_episode_steps``). A policy that pushes along the observed offset
+succeeds within about 10 steps, so a few hundred PPO steps already show learning.
+
+``PointReachDict-v0``: the same task with a ``Dict`` observation ``{"position", "offset"}`` (like
+gymnasium-robotics' goal-conditioned envs), for code paths that flatten dict observations.
+
+Keyword arguments (``gym.make(..., **kwargs)``, ``make_env(..., **kwargs)``, ``--env-kwargs '{...}'``), so that
+other tests can inject faults:
+
+- ``dim`` (int, default 2): dimension of the point, the action and half the observation.
+- ``nan_obs_at_step`` (int or None): the observation returned by the k-th ``step()`` of this env (counted from 1
+  over the env's whole life, across resets) is all NaN; every other observation is finite.
+- ``raise_at_step`` (int or None): the k-th ``step()`` (counted the same way) raises ``RuntimeError``.
+- ``success_radius`` (float, default 0.1): distance to the target that counts as success.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["PointReach"]
+
+ENV_IDS = ("PointReach-v0", "PointReachDict-v0")
+
+
+class PointReach(gym.Env):
+    """See the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, dim: int = 2, dict_obs: bool = False, nan_obs_at_step: int | None = None,
+                 raise_at_step: int | None = None, success_radius: float = 0.1):
+        self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
+        self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dim,), np.float32)
+        box = gym.spaces.Box(-np.inf, np.inf, (self.dim,), np.float32)
+        self.observation_space = (gym.spaces.Dict({"position": box, "offset": box}) if self.dict_obs
+                                  else gym.spaces.Box(-np.inf, np.inf, (2 * self.dim,), np.float32))
+        self.steps_taken = 0  # over the env's life, for nan_obs_at_step / raise_at_step
+
+    def _obs(self, nan: bool = False):
+        position = self.position.astype(np.float32)
+        offset = (self.target - self.position).astype(np.float32)
+        if nan:
+            position, offset = np.full_like(position, np.nan), np.full_like(offset, np.nan)
+        return {"position": position, "offset": offset} if self.dict_obs else np.concatenate([position, offset])
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.position = np.zeros(self.dim)
+        self.target = self.np_random.uniform(-0.5, 0.5, self.dim)
+        return self._obs(), {}
+
+    def step(self, action):
+        self.steps_taken += 1
+        if self.raise_at_step is not None and self.steps_taken == self.raise_at_step:
+            raise RuntimeError(f"PointReach: raise_at_step={self.raise_at_step} reached")
+        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        self.position = np.clip(self.position + 0.1 * action, -1.0, 1.0)
+        distance = float(np.linalg.norm(self.target - self.position))
+        success = distance < self.success_radius
+        nan = self.nan_obs_at_step is not None and self.steps_taken == self.nan_obs_at_step
+        return self._obs(nan), -distance, success, False, {"success": success}
+
+
+for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True})):
+    if _id not in gym.registry:  # importing twice (or reloading) must not re-register
+        gym.register(_id, entry_point=PointReach, max_episode_steps=50, kwargs=_kwargs)
