@@ -304,8 +304,8 @@ def test_console_ends_with_the_bars_last_line_once_then_done(tmp_path, monkeypat
 
 def test_module_env_id_run_dir_and_bar_use_the_id_without_its_module(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("UV", "/usr/bin/uv")  # started by `uv run`: the hint says so
-    logger = RunLogger("ppo_continuous", Args(env_id="tests.envs_for_tests:PointReach-v0", output_dir=tmp_path / "runs"),
-                       total_iterations=1)
+    args = Args(env_id="tests.envs_for_tests:PointReach-v0", output_dir=tmp_path / "runs")
+    logger = RunLogger("ppo_continuous", args, total_iterations=1)
     assert re.fullmatch(r"PointReach-v0__test_exp__3__\d{10}", logger.run_name)
     logger.progress(10, SPS=1.0)
     logger.write_summary(global_step=10, wall_time_s=1.0, sps=10.0)
