@@ -132,7 +132,7 @@ def test_ppo_continuous_trains_on_a_module_env_id(tmp_path):
     assert "charts/success_rate" in summary["train"]  # the env's info["success"] was picked up
     assert summary["eval"]["success_rate"] is not None
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert ckpt["env_id"] == TEST_ENV
+    assert ckpt["args"]["env_id"] == TEST_ENV
     # the stored id serves a later process: evaluating the checkpoint resolves it again
     again = ppo.main(ppo.Args(**common, eval_checkpoint=str(run_dir / "checkpoints" / "last.pt")))
     assert again["global_step"] == 300 and again["eval"]["episodic_length"] > 0
