@@ -111,6 +111,14 @@ CUBE_COLOR = (0.20, 0.40, 0.90)
 BASE_COLOR = (0.25, 0.25, 0.28)
 LINK_HALF_WIDTH = 0.012
 LINK_ALPHA = 0.5  # links are see-through so the cube under the hand stays visible
+BACKGROUND_COLOR = (0.93, 0.94, 0.96)
+# Perspective cameras for videos (eye, look-at point), world frame; the robot stands at -x, the goal lies at +x.
+CAMERA_POSES = {
+    "front": ((0.8, 0.0, 0.6), (-0.2, 0.0, 0.15)),  # facing the robot across the table
+    "side": ((-0.15, -1.1, 0.55), (-0.15, 0.0, 0.15)),  # from the robot's right: the push runs left to right
+    "perspective": ((0.6, -0.8, 0.8), (-0.2, 0.0, 0.1)),
+}
+CAMERA_FOV = math.radians(50.0)  # horizontal field of view
 
 
 class PushCubeRLVecEnv(gym.vector.VectorEnv):
@@ -679,8 +687,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         Shows the table, the goal region (green disk, red centre), the cube (rotated blue square),
         the robot base, the arm links (grey, lighter when higher) and the TCP (disk, dark when low
-        and yellow when high). x points right, y points up.
+        and yellow when high). x points right, y points up. With ``camera`` other than "top" the same
+        scene is seen through a perspective camera (``_render_camera``).
         """
+        if self.camera != "top":
+            return self._render_camera(env_index, height, width)
         px, py = _pixel_grid(height, width, self.device)
         image = torch.empty(height, width, 3, device=self.device)
         image[:] = image.new_tensor(TABLE_COLOR)
@@ -708,6 +719,59 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         pixel_size = (RENDER_X_RANGE[1] - RENDER_X_RANGE[0]) / width
         _paint(image, _disk(px, py, tcp[:2], max(TCP_RADIUS, 2.0 * pixel_size)), tcp_color)
         return (image * 255).round().to(torch.uint8).cpu().numpy()
+
+    def _render_camera(self, env_index: int, height: int, width: int) -> np.ndarray:
+        """The scene through the perspective camera ``CAMERA_POSES[self.camera]``, drawn far to near (painter's
+        order): table, goal disk, the cube's visible faces, base, arm links and TCP by depth."""
+        eye, target = (torch.tensor(v, dtype=torch.float32) for v in CAMERA_POSES[self.camera])
+        project = _camera(eye, target, height, width)
+        py, px = torch.meshgrid(torch.arange(height) + 0.5, torch.arange(width) + 0.5, indexing="ij")
+        image = torch.empty(height, width, 3)
+        image[:] = image.new_tensor(BACKGROUND_COLOR)
+        x0, x1, y0, y1 = *RENDER_X_RANGE, *RENDER_Y_RANGE
+        table = torch.tensor([[x0, y0, 0.0], [x1, y0, 0.0], [x1, y1, 0.0], [x0, y1, 0.0]])
+        _paint(image, _convex_polygon(px, py, *project(table)[:2]), TABLE_COLOR)
+        angles = torch.linspace(0, 2 * math.pi, 33)[:-1]
+        goal = self.goal_xy[env_index].cpu()
+        for radius, color in ((self.goal_radius, GOAL_REGION_COLOR), (0.012, GOAL_CENTRE_COLOR)):
+            ring = torch.stack((goal[0] + radius * torch.cos(angles), goal[1] + radius * torch.sin(angles),
+                                torch.full_like(angles, 1e-3)), -1)  # fmt: skip
+            _paint(image, _convex_polygon(px, py, *project(ring)[:2]), color, alpha=0.6 if radius > 0.02 else 1.0)
+
+        items = []  # (depth, draw function) of everything above the table
+        half, yaw = float(self.cube_half_size[env_index]), float(self.cube_yaw[env_index])
+        centre = torch.tensor([*self.cube_xy[env_index].tolist(), half])
+        axes = torch.tensor([[math.cos(yaw), math.sin(yaw), 0.0], [-math.sin(yaw), math.cos(yaw), 0.0],
+                             [0.0, 0.0, 1.0]])  # fmt: skip
+        for axis in range(3):
+            for sign in (-1.0, 1.0):
+                normal = sign * axes[axis]
+                if float((eye - (centre + half * normal)) @ normal) <= 0:
+                    continue  # faces away from the camera
+                u, v = axes[(axis + 1) % 3], axes[(axis + 2) % 3]
+                corners = torch.stack([centre + half * (normal + a * u + b * v)
+                                       for a, b in ((-1, -1), (1, -1), (1, 1), (-1, 1))])  # fmt: skip
+                shade = 0.75 + 0.25 * float(normal[2] > 0.5)  # the top face lighter
+                color = tuple(shade * c for c in CUBE_COLOR)
+                mask = _convex_polygon(px, py, *project(corners)[:2])
+                items.append((float(project(corners)[2].mean()), lambda m=mask, c=color: _paint(image, m, c)))
+        points = franka.forward_kinematics(self.qpos[env_index : env_index + 1].cpu(), self.base_pos)[0]
+        u, v, depth = project(points)
+        focal = 0.5 * width / math.tan(0.5 * CAMERA_FOV)
+        items.append((float(depth[0]), lambda: _paint(image, _disk(px, py, (u[0], v[0]), 0.06 * focal / depth[0]),
+                                                      BASE_COLOR)))  # fmt: skip
+        for i in range(len(points) - 1):
+            shade = 0.35 + 0.5 * float(((points[i, 2] + points[i + 1, 2]) / 2).clamp(0.0, 0.8) / 0.8)
+            half_width = float(LINK_HALF_WIDTH * focal / ((depth[i] + depth[i + 1]) / 2))
+            mask = _segment(px, py, (u[i], v[i]), (u[i + 1], v[i + 1]), max(half_width, 1.0))
+            items.append((float((depth[i] + depth[i + 1]) / 2),
+                          lambda m=mask, c=(shade, shade, shade): _paint(image, m, c, alpha=0.8)))  # fmt: skip
+        tcp_radius = max(TCP_RADIUS * focal / float(depth[-1]), 2.0)
+        items.append((float(depth[-1]) - 1e-3,
+                      lambda: _paint(image, _disk(px, py, (u[-1], v[-1]), tcp_radius), (0.95, 0.85, 0.1))))  # fmt: skip
+        for _, draw in sorted(items, key=lambda item: -item[0]):
+            draw()
+        return (image * 255).round().to(torch.uint8).numpy()
 
     def close(self) -> None:
         """Nothing to release."""
@@ -804,6 +868,31 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
                              f"{', '.join(RANDOMIZABLE)}")
         ranges[name] = _check_range(f"randomize[{name!r}]", value, RANDOMIZABLE[name])
     return ranges
+
+
+def _camera(eye: torch.Tensor, target: torch.Tensor, height: int, width: int):
+    """A pinhole camera at ``eye`` looking at ``target`` (z up): a function from world points [..., 3] to pixel
+    column, pixel row and depth along the view axis (each [...])."""
+    forward = (target - eye) / (target - eye).norm()
+    right = torch.linalg.cross(forward, torch.tensor([0.0, 0.0, 1.0]))
+    right = right / right.norm()
+    up = torch.linalg.cross(right, forward)
+    focal = 0.5 * width / math.tan(0.5 * CAMERA_FOV)
+
+    def project(points: torch.Tensor):
+        rel = points.float() - eye
+        depth = (rel @ forward).clamp_min(1e-3)
+        return width / 2 + focal * (rel @ right) / depth, height / 2 - focal * (rel @ up) / depth, depth
+
+    return project
+
+
+def _convex_polygon(px: torch.Tensor, py: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """Pixels inside the convex polygon with vertices (xs, ys) in order (either orientation)."""
+    crosses = [(xs[(i + 1) % len(xs)] - xs[i]) * (py - ys[i]) - (ys[(i + 1) % len(xs)] - ys[i]) * (px - xs[i])
+               for i in range(len(xs))]  # fmt: skip
+    stacked = torch.stack(crosses)
+    return (stacked >= 0).all(0) | (stacked <= 0).all(0)
 
 
 def _pixel_grid(height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
