@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -68,6 +69,8 @@ def run_one(args: Args, variant: str, seed: int) -> dict:
     if env_kwargs:
         flags += ["--env-kwargs", json.dumps(env_kwargs)]
     out_dir = Path(args.runs_dir) / args.tag / f"{variant}__{seed}"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # read back only this run
     cmd = [sys.executable, str(source / "cleanrl_embodied" / "ppo_continuous.py"), *flags, "--seed", str(seed),
            "--output-dir", str(out_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
