@@ -463,9 +463,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         2. Acceleration: the velocity changes by at most ``a_max * dt`` from the previous step's.
         3. Velocity: at most ``v_max``.
         """
-        room_up = self._stoppable(torch.minimum(step.clamp_min(0.0), self.joint_upper - self.qpos))
-        room_down = self._stoppable(torch.minimum((-step).clamp_min(0.0), self.qpos - self.joint_lower))
-        step = torch.minimum(torch.maximum(step, -room_down), room_up)
+        ahead = torch.where(step >= 0, self.joint_upper - self.qpos, self.qpos - self.joint_lower)
+        magnitude = step.abs()
+        step = step * (self._stoppable(torch.minimum(magnitude, ahead)) / magnitude.clamp_min(1e-12)).clamp(max=1.0)
         previous = self.qvel * CONTROL_DT
         low = torch.maximum(previous - self._max_joint_step_change, -self._max_joint_step)
         high = torch.minimum(previous + self._max_joint_step_change, self._max_joint_step)
@@ -485,7 +485,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         """
         limit = self.max_tcp_speed * CONTROL_DT
         full = tcp_target - self.tcp_pos
-        w = torch.einsum("nij,nj->ni", jacobian, step - slowest)  # full - (displacement of slowest)
+        w = (jacobian * (step - slowest).unsqueeze(1)).sum(-1)  # full - (displacement of slowest), first order
         u = full - w
         a = (w * w).sum(-1).clamp_min(1e-12)
         b = 2.0 * (u * w).sum(-1)
