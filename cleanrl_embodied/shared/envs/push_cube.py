@@ -512,10 +512,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         qpos_before = self.qpos
         step, jacobian = self._joint_step_command(actions)
         if self.arm_limits:
-            step, slowest = self._limit_joint_step(step)
-            # Joint limits: the step and its slowest version both end inside them.
-            step = self._clip_to_limits(qpos_before + step) - qpos_before
-            slowest = self._clip_to_limits(qpos_before + slowest) - qpos_before
+            step, slowest = self._limit_joint_step(step)  # both brake before the joint limits
         qpos_target = self._clip_to_limits(qpos_before + step)
         if jacobian is None:
             tcp_target, jacobian = franka.tcp_position_and_jacobian(qpos_target, self.base_pos)
@@ -523,7 +520,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             tcp_target = franka.tcp_position(qpos_target, self.base_pos)
         if self.arm_limits:
             step, tcp_target = self._cap_tcp_speed(step, slowest, tcp_target, jacobian)
-            qpos_target = qpos_before + step
+            qpos_target = self._clip_to_limits(qpos_before + step)
         min_z = self._support_height(self.tcp_pos, tcp_target) + TCP_RADIUS
         shortfall = (min_z - tcp_target[:, 2]).clamp_min(0.0)
         height_gradient = jacobian[:, 2, :]
