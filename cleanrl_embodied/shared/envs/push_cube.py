@@ -1,11 +1,17 @@
 """PushCubeRL: a kinematic Franka Panda pushes a cube to a goal on a table, batched in torch.
 
-The task follows ManiSkill's PushCube-v1 (same robot, rest pose, base position, control mode and
-dense reward, shifted down by 1), with the physics replaced by a few batched tensor ops so that
-thousands of envs step on a CPU:
+The task follows ManiSkill's PushCube-v1 (same robot, rest pose, base position and dense reward, shifted
+down by 1), with the physics replaced by a few batched tensor ops so that thousands of envs step on a CPU:
 
-* Robot: 7 joint-position deltas per control step (0.1 rad at action 1, like ``pd_joint_delta_pos``),
-  tracked exactly (no dynamics), clipped to the joint limits. Control runs at 20 Hz.
+* Robot: kinematic (no dynamics). Each control step (20 Hz) the action gives the joint displacement the
+  controller aims at (``action_mode``: joint deltas, absolute joint positions, or a TCP displacement turned
+  into joint deltas through the Jacobian). With ``arm_limits=True`` (the default) the Panda's datasheet
+  limits shape how the arm gets there, see ``_limit_joint_step``: the joint velocity held over the step is
+  the one that reaches the step's target, capped so that the joint can still stop at the target, then
+  kept within the acceleration limit (``a_max * dt`` of velocity change per step) and the velocity limit,
+  and the whole step is scaled down when the TCP would move faster than ``max_tcp_speed`` (1.7 m/s).
+  ``arm_limits=False`` is the old kinematic arm that reaches every target at once (up to ~4 m/s TCP speed).
+  Joint positions always stay within the joint limits.
 * The TCP is a sphere of radius ``TCP_RADIUS``. The table top (z = 0), and the cube's top face when
   the TCP comes down onto it, support it: a joint step that would sink it is corrected so that the
   TCP slides along the surface (see ``_move_arm``). The other arm links collide with nothing (they
@@ -17,7 +23,12 @@ thousands of envs step on a CPU:
   step is split into ``contact_substeps`` straight sub-steps, each resolving contact, so the arm
   cannot tunnel through the cube at full speed: a sub-step only tunnels when longer than the cube
   plus the sphere (0.06 m), i.e. 0.48 m per control step with 8 sub-steps, while the fastest TCP
-  motion near the table is about 0.21 m per step.
+  motion is 0.085 m per step with the arm limits (about 0.21 m near the table without them).
+* Reward: named terms with weights (``reward_weights``), each step's weighted terms in
+  ``info["rewards"]``; the default weights give ManiSkill's normalized dense reward minus 1.
+* Events: physical parameters and noise levels are resampled at every reset (``randomize``), and
+  optionally every K steps of an episode (``randomize_every``) or at given episode steps
+  (``randomize_at``), with an optional random shove of the cube (``event_cube_shift_std``).
 
 This module holds the raw task only: episode statistics are added by a wrapper. All state lives in
 torch tensors on ``device``; ``step`` has no Python loop over envs and never syncs with the host.
@@ -26,6 +37,7 @@ torch tensors on ``device``; ``step`` has no Python loop over envs and never syn
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -35,12 +47,40 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared.envs import franka
 
 CONTROL_DT = 0.05  # seconds per control step (20 Hz)
-JOINT_DELTA_SCALE = 0.1  # radians per control step at action magnitude 1
+JOINT_DELTA_SCALE = 0.1  # default radians per control step at action magnitude 1 (action_mode="joint_delta")
+EE_DELTA_SCALE = 0.05  # default metres of TCP motion per control step at action 1 (action_mode="ee_delta_pos")
+MAX_LIFT = 0.1  # largest joint correction (rad) per step that keeps the TCP on its support
 TCP_RADIUS = 0.01  # metres
 REST_QPOS_NOISE = 0.02  # half-width of the uniform noise added to the rest pose at reset (radians)
 PUSH_POINT_MARGIN = 0.005  # the reward's push point lies this far behind the TCP-cube contact
 REACH_THRESHOLD = 0.01  # TCP within this distance of the push point counts as "reached"
 ABOVE_CUBE_TOLERANCE = 1e-5  # slack when deciding that the TCP comes down onto the cube's top face
+DLS_DAMPING = 0.01  # damping of the least-squares Jacobian inverse of action_mode="ee_delta_pos"
+
+ACTION_MODES = ("joint_delta", "joint_pos", "ee_delta_pos")
+
+# Reward terms, in the order they are summed, with their default weights. Unweighted values:
+#   reach   1 - tanh(5 d_push), d_push = TCP distance to the push point (0 on success steps)
+#   place   1 - tanh(5 d_goal) while the TCP is at the push point, else 0 (0 on success steps)
+#   success 1 when the cube centre is within goal_radius of the goal
+#   time    -1 every step
+#   action_rate      -|a_t - a_{t-1}|^2, the policy's clipped actions (a_{-1} = 0 at an episode's start)
+#   action_magnitude -|a_t|^2
+# The defaults give ManiSkill PushCube-v1's normalized dense reward minus 1: (reach + place) / 3 - 1, and 0
+# on success.
+DEFAULT_REWARD_WEIGHTS = {
+    "reach": 1.0 / 3.0,
+    "place": 1.0 / 3.0,
+    "success": 1.0,
+    "time": 1.0,
+    "action_rate": 0.0,
+    "action_magnitude": 0.0,
+}
+
+# Parameters that events randomize, with their smallest allowed value (a value or a (low, high) range).
+RANDOMIZABLE = {"cube_half_size": 1e-3, "push_friction": 0.0, "obs_noise_std": 0.0, "action_noise_std": 0.0}
+
+CAMERAS = ("top", "front", "side", "perspective")
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -58,7 +98,7 @@ OBS_DIM = sum(size for _, _, size in OBS_LAYOUT)
 # Per-env state tensors; state_dict() saves exactly these (plus the generator and the group size).
 STATE_KEYS = (
     "qpos", "qvel", "tcp_pos", "cube_xy", "cube_yaw", "goal_xy",
-    "cube_half_size", "push_friction", "elapsed_steps",
+    "cube_half_size", "push_friction", "obs_noise_std", "action_noise_std", "prev_action", "elapsed_steps",
 )  # fmt: skip
 
 # Top-down render: the world rectangle shown and the colours used (RGB in [0, 1]).
@@ -71,6 +111,14 @@ CUBE_COLOR = (0.20, 0.40, 0.90)
 BASE_COLOR = (0.25, 0.25, 0.28)
 LINK_HALF_WIDTH = 0.012
 LINK_ALPHA = 0.5  # links are see-through so the cube under the hand stays visible
+BACKGROUND_COLOR = (0.93, 0.94, 0.96)
+# Perspective cameras for videos (eye, look-at point), world frame; the robot stands at -x, the goal lies at +x.
+CAMERA_POSES = {
+    "front": ((0.8, 0.0, 0.6), (-0.2, 0.0, 0.15)),  # facing the robot across the table
+    "side": ((-0.15, -1.1, 0.55), (-0.15, 0.0, 0.15)),  # from the robot's right: the push runs left to right
+    "perspective": ((0.6, -0.8, 0.8), (-0.2, 0.0, 0.1)),
+}
+CAMERA_FOV = math.radians(50.0)  # horizontal field of view
 
 
 class PushCubeRLVecEnv(gym.vector.VectorEnv):
@@ -80,15 +128,20 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     sin/cos of the cube yaw (2), goal_pos (3), tcp->cube (3), cube->goal (3). ``obs_mode="dict"``
     returns the same values as a nested TensorDict {"robot", "object", "goal"} of batch size [N].
 
-    Reward: ManiSkill PushCube-v1's normalized dense reward, shifted down by 1. With the push point a
+    Action in [-1, 1]: 7 joint deltas (``action_mode="joint_delta"``, ``joint_delta_scale`` rad at 1),
+    7 absolute joint positions (``"joint_pos"``, -1..1 spans each joint's range) or 3 TCP deltas in the
+    world frame (``"ee_delta_pos"``, ``ee_delta_scale`` m at 1).
+
+    Reward: the weighted sum of the terms in ``DEFAULT_REWARD_WEIGHTS`` (``reward_weights`` overrides some
+    weights); ``info["rewards"]`` holds each term with a non-zero weight, weighted, [N] per step. The
+    defaults are ManiSkill PushCube-v1's normalized dense reward shifted down by 1: with the push point a
     little behind the cube on the side away from the goal (at cube-centre height),
     ``reach = 1 - tanh(5 d_push)``, ``place = 1 - tanh(5 d_goal)``, reward
     ``(reach + place * [d_push < 0.01]) / 3 - 1`` (in [-1, -1/3]), and 0 on success. Success: the cube
     centre lies within ``goal_radius`` of the goal in xy. The shift matters because success ends the
     episode: with ManiSkill's positive rewards (1 on success) hovering at the push point forever is
     worth more than finishing once termination is not bootstrapped, and PPO (gamma 0.8) learns to
-    hover (0 % success); with rewards <= 0 finishing is best, and PPO solves the task within ~0.5 M
-    env steps.
+    hover (0 % success); with rewards <= 0 finishing is best.
 
     World frame: table top at z = 0, robot base at ``base_pos`` (ManiSkill's (-0.615, 0, 0)). The
     rest-pose TCP sits at (0, 0, 0.170), right above the centre of the cube spawn square, so the
@@ -108,6 +161,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         seed: int | None = None,
         max_episode_steps: int = 50,
         obs_mode: str = "state",
+        action_mode: str = "joint_delta",
+        joint_delta_scale: float = JOINT_DELTA_SCALE,
+        ee_delta_scale: float = EE_DELTA_SCALE,
+        arm_limits: bool = True,
+        max_tcp_speed: float = franka.MAX_TCP_SPEED,
         terminate_on_success: bool = True,
         goal_direction: float = 0.0,
         goal_distance: float = 0.2,
@@ -116,15 +174,21 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         cube_xy_range: float = 0.1,
         cube_yaw_range: float = 0.0,
         contact_substeps: int = 8,
-        cube_half_size_range: tuple[float, float] | None = None,
+        cube_half_size_range: Sequence[float] | None = None,
         push_friction: float = 1.0,
-        push_friction_range: tuple[float, float] | None = None,
+        push_friction_range: Sequence[float] | None = None,
         obs_noise_std: float = 0.0,
         action_noise_std: float = 0.0,
-        base_pos: tuple[float, float, float] = franka.DEFAULT_BASE_POS,
+        reward_weights: Mapping[str, float] | None = None,
+        randomize: Mapping[str, Sequence[float]] | None = None,
+        randomize_every: int = 0,
+        randomize_at: Sequence[int] = (),
+        event_cube_shift_std: float = 0.0,
+        base_pos: Sequence[float] = franka.DEFAULT_BASE_POS,
+        camera: str = "top",
         render_mode: str | None = "rgb_array",
     ):
-        """Build the batched task.
+        """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
         Args:
             num_envs: number of parallel envs N.
@@ -132,49 +196,79 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             seed: seed of the env's own generator (None: a random seed).
             max_episode_steps: control steps before an episode is truncated.
             obs_mode: "state" (flat float32 [N, 31]) or "dict" (nested TensorDict).
+            action_mode: "joint_delta" (7 joint deltas), "joint_pos" (7 absolute joint positions, -1..1
+                spanning each joint's limits) or "ee_delta_pos" (3 TCP deltas in the world frame, through the
+                damped least-squares inverse of the TCP Jacobian).
+            joint_delta_scale: radians per control step at action 1 (joint_delta).
+            ee_delta_scale: metres of TCP motion per control step at action 1 (ee_delta_pos).
+            arm_limits: apply the Panda's joint velocity and acceleration limits and the TCP speed cap;
+                False: the old arm that reaches each step's target at once.
+            max_tcp_speed: TCP speed cap in m/s (with arm_limits; the Panda's 1.7 by default).
             terminate_on_success: end the episode (terminated) as soon as the cube reaches the goal;
                 when False every episode lasts max_episode_steps (ManiSkill's ignore_terminations).
             goal_direction: direction from the cube's start to the goal, radians (0 = +x).
-            goal_distance: distance from the cube's start to the goal, metres.
+            goal_distance: distance from the cube's start to the goal, metres (> goal_radius).
             goal_radius: success when the cube centre is closer than this to the goal (xy).
-            cube_half_size: half the cube's side, metres (when cube_half_size_range is None).
+            cube_half_size: half the cube's side, metres (when not randomized).
             cube_xy_range: the cube starts uniformly in [-range, range]^2.
             cube_yaw_range: the cube's start yaw is uniform in [-range, range] radians.
             contact_substeps: straight sub-steps of the TCP path per control step for contact.
-            cube_half_size_range: (low, high) to resample the half size per env at every reset.
+            cube_half_size_range: (low, high), same as ``randomize={"cube_half_size": (low, high)}``.
             push_friction: how strongly an off-centre push turns the cube (0: never turns).
-            push_friction_range: (low, high) to resample push_friction per env at every reset.
+            push_friction_range: (low, high), same as ``randomize={"push_friction": (low, high)}``.
             obs_noise_std: std of Gaussian noise added to every observation entry.
             action_noise_std: std of Gaussian noise added to the clipped action (then clipped again).
+            reward_weights: weights of some reward terms (the others keep DEFAULT_REWARD_WEIGHTS).
+            randomize: {parameter: (low, high)} resampled uniformly per env at every reset and at every
+                event; parameters: cube_half_size, push_friction, obs_noise_std, action_noise_std.
+            randomize_every: also resample them every this many control steps of each episode (0: never).
+            randomize_at: also resample them after these control steps of each episode (e.g. [10, 30]).
+            event_cube_shift_std: at every interval or step event, shift the cube by Gaussian noise in xy
+                with this std (metres), a disturbance the policy has to recover from.
             base_pos: world position of the robot base.
+            camera: view of ``render()``: "top" (top-down, default), "front", "side" or "perspective".
             render_mode: only "rgb_array" (kept for Gymnasium's make_vec).
         """
-        _check_args(num_envs, max_episode_steps, obs_mode, contact_substeps, goal_radius,
-                    cube_half_size, cube_half_size_range, push_friction_range, render_mode)  # fmt: skip
-        self.num_envs = num_envs
+        ranges = _check_args(locals())
+        self.num_envs = int(num_envs)
         self.device = torch.device(device)
         self.render_mode = render_mode
         self.obs_mode = obs_mode
-        self.max_episode_steps = max_episode_steps
-        self.terminate_on_success = terminate_on_success
+        self.action_mode = action_mode
+        self.joint_delta_scale = float(joint_delta_scale)
+        self.ee_delta_scale = float(ee_delta_scale)
+        self.arm_limits = bool(arm_limits)
+        self.max_tcp_speed = float(max_tcp_speed)
+        self.max_episode_steps = int(max_episode_steps)
+        self.terminate_on_success = bool(terminate_on_success)
         self.goal_distance = goal_distance
         self.goal_radius = goal_radius
         self.cube_xy_range = cube_xy_range
         self.cube_yaw_range = cube_yaw_range
-        self.contact_substeps = contact_substeps
+        self.contact_substeps = int(contact_substeps)
         self._substep_fractions = [k / contact_substeps for k in range(1, contact_substeps + 1)]
-        self.cube_half_size_range = cube_half_size_range or (cube_half_size, cube_half_size)
-        self.push_friction_range = push_friction_range or (push_friction, push_friction)
-        self.obs_noise_std = obs_noise_std
-        self.action_noise_std = action_noise_std
+        self.param_ranges = ranges
+        self.reward_weights = {**DEFAULT_REWARD_WEIGHTS, **(reward_weights or {})}
+        self._active_terms = [name for name, w in self.reward_weights.items() if w != 0.0]
+        self.randomize_every = int(randomize_every)
+        self.randomize_at = tuple(int(k) for k in randomize_at)
+        self.event_cube_shift_std = float(event_cube_shift_std)
+        self._has_events = bool(self.randomize_every or self.randomize_at)
+        self._obs_noise = ranges["obs_noise_std"][1] > 0
+        self._action_noise = ranges["action_noise_std"][1] > 0
         self.base_pos = tuple(float(v) for v in base_pos)
+        self.camera = camera
 
         self._build_spaces()
         self.joint_lower, self.joint_upper = franka.joint_limits(self.device)
+        velocity_limit, acceleration_limit = franka.motion_limits(self.device)
+        self._max_joint_step = velocity_limit * CONTROL_DT  # rad per control step
+        self._max_joint_step_change = acceleration_limit * CONTROL_DT * CONTROL_DT  # rad per step, per step
         self.rest_qpos = franka.rest_qpos(self.device)
         self.goal_dir_xy = torch.tensor(
             [math.cos(goal_direction), math.sin(goal_direction)], dtype=torch.float32, device=self.device
         )
+        self._randomize_at = torch.tensor(self.randomize_at, dtype=torch.int32, device=self.device)
         self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()
@@ -195,7 +289,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 groups.setdefault(group, {})[name] = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
             nested = {group: gym.spaces.Dict(boxes) for group, boxes in groups.items()}
             self.single_observation_space = gym.spaces.Dict(nested)
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (franka.NUM_JOINTS,), np.float32)
+        action_dim = 3 if self.action_mode == "ee_delta_pos" else franka.NUM_JOINTS
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
 
@@ -225,6 +320,23 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         u = torch.rand((num, *shape), generator=self._generator, device=self.device)
         return low + (high - low) * u
 
+    def _per_group(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Per-group samples [N / G, ...] repeated over the envs of each group -> [N, ...]."""
+        if self._group_size == 1:
+            return list(tensors)
+        return [t.repeat_interleave(self._group_size, dim=0) for t in tensors]
+
+    def _sample_parameters(self, num_groups: int) -> dict[str, torch.Tensor]:
+        """Per-group values of the randomizable parameters. cube_half_size and push_friction are always
+        drawn (in this order, as before events existed); the others only when their range is not a point."""
+        params = {name: self._uniform(num_groups, *self.param_ranges[name])
+                  for name in ("cube_half_size", "push_friction")}  # fmt: skip
+        for name in ("obs_noise_std", "action_noise_std"):
+            low, high = self.param_ranges[name]
+            params[name] = (self._uniform(num_groups, low, high) if high > low
+                            else torch.full((num_groups,), float(low), device=self.device))  # fmt: skip
+        return params
+
     def _sample_start_state(self) -> dict[str, torch.Tensor]:
         """Fresh initial state for all N envs (one sample per group, repeated over its envs)."""
         num_groups = self.num_envs // self._group_size
@@ -232,13 +344,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         qpos = self.rest_qpos + noise
         cube_xy = self._uniform(num_groups, -self.cube_xy_range, self.cube_xy_range, 2)
         cube_yaw = self._uniform(num_groups, -self.cube_yaw_range, self.cube_yaw_range)
-        cube_half_size = self._uniform(num_groups, *self.cube_half_size_range)
-        push_friction = self._uniform(num_groups, *self.push_friction_range)
-        if self._group_size > 1:
-            qpos, cube_xy, cube_yaw, cube_half_size, push_friction = (
-                t.repeat_interleave(self._group_size, dim=0)
-                for t in (qpos, cube_xy, cube_yaw, cube_half_size, push_friction)
-            )
+        params = self._sample_parameters(num_groups)
+        qpos, cube_xy, cube_yaw = self._per_group(qpos, cube_xy, cube_yaw)
+        params = dict(zip(params, self._per_group(*params.values())))
         qpos = self._clip_to_limits(qpos)
         return {
             "qpos": qpos,
@@ -247,8 +355,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             "cube_xy": cube_xy,
             "cube_yaw": cube_yaw,
             "goal_xy": cube_xy + self.goal_distance * self.goal_dir_xy,
-            "cube_half_size": cube_half_size,
-            "push_friction": push_friction,
+            **params,
+            "prev_action": torch.zeros(self.action_space.shape, device=self.device),
             "elapsed_steps": torch.zeros(self.num_envs, dtype=torch.int32, device=self.device),
         }
 
@@ -261,25 +369,42 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             mask = done_col if current.dim() == 2 else done
             setattr(self, key, torch.where(mask, fresh, current))
 
-    def randomize_parameters(self) -> None:
-        """Resample the randomized physical parameters (cube size, push friction) of every env now,
-        mid-episode (an interval randomization event; groups keep sharing their values)."""
+    def randomize_parameters(self, mask: torch.Tensor | None = None) -> None:
+        """Resample the randomized parameters (``randomize``) now, mid-episode: of every env, or of the envs
+        where ``mask`` [N] is True (an event; groups keep sharing their values)."""
         num_groups = self.num_envs // self._group_size
-        half = self._uniform(num_groups, *self.cube_half_size_range)
-        friction = self._uniform(num_groups, *self.push_friction_range)
-        self.cube_half_size = half.repeat_interleave(self._group_size, dim=0)
-        self.push_friction = friction.repeat_interleave(self._group_size, dim=0)
+        params = self._sample_parameters(num_groups)
+        for name, fresh in zip(params, self._per_group(*params.values())):
+            setattr(self, name, fresh if mask is None else torch.where(mask, fresh, getattr(self, name)))
+
+    def _run_events(self) -> None:
+        """Interval and step-triggered events of the envs whose episode reached such a step (no host sync):
+        resample the randomized parameters and shove the cube (``event_cube_shift_std``)."""
+        steps = self.elapsed_steps
+        due = torch.zeros_like(steps, dtype=torch.bool)
+        if self.randomize_every:
+            due = due | ((steps > 0) & (steps % self.randomize_every == 0))
+        if self.randomize_at:
+            due = due | torch.isin(steps, self._randomize_at)
+        self.randomize_parameters(due)
+        if self.event_cube_shift_std > 0:
+            shift = torch.randn(self.cube_xy.shape, generator=self._generator, device=self.device)
+            self.cube_xy = self.cube_xy + torch.where(due.unsqueeze(-1), self.event_cube_shift_std * shift, 0.0)
 
     # ------------------------------------------------------------------ step
     def step(self, actions: torch.Tensor):
-        """Apply joint-delta actions [N, 7]; finished envs are reset in the same call (SAME_STEP)."""
+        """Apply actions [N, 7] (or [N, 3] in ee_delta_pos mode); finished envs are reset in the same call
+        (SAME_STEP). ``info["rewards"]`` holds the weighted reward terms, which sum to the reward."""
         actions = torch.as_tensor(actions, dtype=torch.float32, device=self.device).clamp(-1.0, 1.0)
-        if self.action_noise_std > 0:
+        if self._has_events:
+            self._run_events()
+        command = actions
+        if self._action_noise:
             noise = torch.randn(actions.shape, generator=self._generator, device=self.device)
-            actions = (actions + self.action_noise_std * noise).clamp(-1.0, 1.0)
+            command = (actions + self.action_noise_std.unsqueeze(-1) * noise).clamp(-1.0, 1.0)
 
         tcp_before = self.tcp_pos
-        self._move_arm(actions)
+        self._move_arm(command)
         tcp_prev = tcp_before
         for fraction in self._substep_fractions:
             tcp_substep = torch.lerp(tcp_before, self.tcp_pos, fraction)
@@ -289,40 +414,119 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         distance_to_goal = torch.linalg.vector_norm(self.cube_xy - self.goal_xy, dim=-1)
         success = distance_to_goal < self.goal_radius
-        reward = self._reward(distance_to_goal, success)
+        reward, terms = self._reward(distance_to_goal, success, actions)
         terminated = success.clone() if self.terminate_on_success else torch.zeros_like(success)
         truncated = self.elapsed_steps >= self.max_episode_steps
         done = terminated | truncated
 
         final_obs = self._observe()
+        self.prev_action = actions
         self._reset_finished(done)
         obs = self._observe()
         info = {
             "final_obs": self._format_obs(final_obs),
             "_final_obs": done,
             "success": success,
+            "rewards": terms,
             "metrics": {"distance_to_goal": distance_to_goal},
         }
         return self._format_obs(obs), reward, terminated, truncated, info
 
+    def _joint_step_command(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The joint displacement [N, 7] the controller aims at in this control step, before the limits, and
+        the TCP Jacobian at the current pose when the action mode needed it (else None)."""
+        if self.action_mode == "joint_delta":
+            return self.joint_delta_scale * actions, None
+        if self.action_mode == "joint_pos":
+            target = self.joint_lower + 0.5 * (actions + 1.0) * (self.joint_upper - self.joint_lower)
+            return target - self.qpos, None
+        _, jacobian = franka.tcp_position_and_jacobian(self.qpos, self.base_pos)
+        return franka.damped_least_squares(jacobian, self.ee_delta_scale * actions, DLS_DAMPING), jacobian
+
+    def _stoppable(self, distance: torch.Tensor) -> torch.Tensor:
+        """The largest step s (rad per control step) after which a joint can still stop within ``distance`` d,
+        slowing by at most A = a_max dt^2 per step. The steps s, s - A, s - 2A, ... sum to at most
+        (s + A/2)^2 / (2A), so s = sqrt(2 A d) - A/2 is safe; so is s = d when d <= A (stop after this step)."""
+        change = self._max_joint_step_change
+        distance = distance.clamp_min(0.0)
+        return torch.maximum(torch.sqrt(2.0 * change * distance) - 0.5 * change, torch.minimum(distance, change))
+
+    def _limit_joint_step(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joint displacement [N, 7] of this control step under the Panda's velocity and acceleration
+        limits, for a commanded displacement ``step`` (the arm holds one velocity over the step), and the
+        slowest displacement those limits allow (the one the TCP speed cap may fall back to).
+
+        1. Stoppable: a joint that must be able to stop at the step's target, or before its position limit
+           if nearer (distance ``d``), with deceleration ``a_max`` moves at most ~``sqrt(2 a_max d)``, so a
+           target is approached without overshoot (absolute-position targets settle instead of oscillating)
+           and a joint brakes before its limit instead of hitting it.
+        2. Acceleration: the velocity changes by at most ``a_max * dt`` from the previous step's.
+        3. Velocity: at most ``v_max``.
+        """
+        ahead = torch.where(step >= 0, self.joint_upper - self.qpos, self.qpos - self.joint_lower)
+        magnitude = step.abs()
+        step = step * (self._stoppable(torch.minimum(magnitude, ahead)) / magnitude.clamp_min(1e-12)).clamp(max=1.0)
+        previous = self.qvel * CONTROL_DT
+        low = torch.maximum(previous - self._max_joint_step_change, -self._max_joint_step)
+        high = torch.minimum(previous + self._max_joint_step_change, self._max_joint_step)
+        high = torch.maximum(high, low)  # a velocity above the limit (a loaded state) slows down at a_max
+        step = torch.minimum(torch.maximum(step, low), high)
+        slowest = torch.minimum(torch.maximum(torch.zeros_like(step), low), high)
+        return step, slowest
+
+    def _cap_tcp_speed(self, step, slowest, tcp_target, jacobian) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shrink the joint step toward ``slowest`` (so the acceleration limit still holds) until the TCP moves
+        at most ``max_tcp_speed * dt``; returns the step and the TCP target, both to first order.
+
+        The TCP displacement along ``slowest + s (step - slowest)`` is taken as linear in s, with the
+        displacement of ``slowest`` predicted from the Jacobian at the step's target; s is the larger root of
+        ``|u + s w| = v_max dt``, clamped to [0, 1] (0 when even the slowest step is too fast: the
+        acceleration limit wins). The curvature of the arm's path leaves the TCP within ~1.5% of the cap.
+        """
+        limit = self.max_tcp_speed * CONTROL_DT
+        full = tcp_target - self.tcp_pos
+        w = (jacobian * (step - slowest).unsqueeze(1)).sum(-1)  # full - (displacement of slowest), first order
+        u = full - w
+        a = (w * w).sum(-1).clamp_min(1e-12)
+        b = 2.0 * (u * w).sum(-1)
+        c = (u * u).sum(-1) - limit * limit
+        root = (-b + torch.sqrt((b * b - 4.0 * a * c).clamp_min(0.0))) / (2.0 * a)
+        too_fast = (full * full).sum(-1) > limit * limit
+        shrink = torch.where(too_fast, root.clamp(0.0, 1.0), 1.0).unsqueeze(-1)
+        return slowest + shrink * (step - slowest), self.tcp_pos + u + shrink * w
+
     def _move_arm(self, actions: torch.Tensor) -> None:
         """Apply the joint step; a TCP that would sink below its support slides along it instead.
+
+        The joint step is the action's command, limited (``_limit_joint_step``, with ``arm_limits``) and
+        clipped to the joint limits; with ``arm_limits`` it is then shrunk so that the TCP moves at most
+        ``max_tcp_speed * dt`` (``_cap_tcp_speed``).
 
         The support is the table, or the cube's top face when coming down onto it. A commanded
         configuration that puts the TCP below the support is corrected by one Newton step on the
         TCP height (the smallest joint change that lifts it back, from the height's gradient), so
         the vertical part of the motion is removed and the horizontal part kept (a frictionless
-        surface). The small residual of that linear step is clamped on the TCP position.
+        surface). The small residual of that linear step is clamped on the TCP position. (The gradient is
+        taken at the target pose, or at the current pose in ee_delta_pos mode, which has that Jacobian.)
         """
         qpos_before = self.qpos
-        qpos_target = self._clip_to_limits(qpos_before + JOINT_DELTA_SCALE * actions)
-        tcp_target, jacobian = franka.tcp_position_and_jacobian(qpos_target, self.base_pos)
+        step, jacobian = self._joint_step_command(actions)
+        if self.arm_limits:
+            step, slowest = self._limit_joint_step(step)  # both brake before the joint limits
+        qpos_target = self._clip_to_limits(qpos_before + step)
+        if jacobian is None:
+            tcp_target, jacobian = franka.tcp_position_and_jacobian(qpos_target, self.base_pos)
+        else:  # ee_delta_pos: the Jacobian at the current pose serves the lift's Newton step too
+            tcp_target = franka.tcp_position(qpos_target, self.base_pos)
+        if self.arm_limits:
+            step, tcp_target = self._cap_tcp_speed(step, slowest, tcp_target, jacobian)
+            qpos_target = self._clip_to_limits(qpos_before + step)
         min_z = self._support_height(self.tcp_pos, tcp_target) + TCP_RADIUS
         shortfall = (min_z - tcp_target[:, 2]).clamp_min(0.0)
         height_gradient = jacobian[:, 2, :]
         gradient_sq = (height_gradient * height_gradient).sum(-1).clamp_min(1e-6)
         lift = height_gradient * (shortfall / gradient_sq).unsqueeze(-1)
-        lift = lift.clamp(-JOINT_DELTA_SCALE, JOINT_DELTA_SCALE)
+        lift = lift.clamp(-MAX_LIFT, MAX_LIFT)
         self.qpos = self._clip_to_limits(qpos_target + lift)
         tcp = franka.tcp_position(self.qpos, self.base_pos)
         tcp[:, 2] = torch.maximum(tcp[:, 2], min_z)
@@ -392,20 +596,38 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         shift_x, shift_y = cos_yaw * shift_u - sin_yaw * shift_v, sin_yaw * shift_u + cos_yaw * shift_v
         self.cube_xy = self.cube_xy + torch.stack((shift_x, shift_y), -1)
 
-    def _reward(self, distance_to_goal: torch.Tensor, success: torch.Tensor) -> torch.Tensor:
-        """ManiSkill PushCube-v1's dense reward divided by its maximum (3), minus 1 (see the class doc)."""
-        behind = (self.cube_half_size + TCP_RADIUS + PUSH_POINT_MARGIN).unsqueeze(-1)
-        push_xy = self.cube_xy - behind * self.goal_dir_xy
-        push_offset = torch.cat((push_xy, self.cube_half_size.unsqueeze(-1)), -1) - self.tcp_pos
-        push_distance = torch.linalg.vector_norm(push_offset, dim=-1)
-        reach = 1.0 - torch.tanh(5.0 * push_distance)
-        place = 1.0 - torch.tanh(5.0 * distance_to_goal)
-        reward = (reach + place * (push_distance < REACH_THRESHOLD)) / 3.0
-        # Shifted by -1 so that reward <= 0 and success (0) is the best step: with success ending the
-        # episode and no bootstrap through termination, a positive per-step reward would make staying
+    def _reward(self, distance_to_goal: torch.Tensor, success: torch.Tensor, actions: torch.Tensor):
+        """The reward [N] and its weighted terms {name: [N]} (see DEFAULT_REWARD_WEIGHTS); the reward is their
+        sum, in the order of DEFAULT_REWARD_WEIGHTS. Only terms with a non-zero weight are computed."""
+        weights = self.reward_weights
+        terms: dict[str, torch.Tensor] = {}
+        if weights["reach"] or weights["place"]:
+            behind = (self.cube_half_size + TCP_RADIUS + PUSH_POINT_MARGIN).unsqueeze(-1)
+            push_xy = self.cube_xy - behind * self.goal_dir_xy
+            push_offset = torch.cat((push_xy, self.cube_half_size.unsqueeze(-1)), -1) - self.tcp_pos
+            push_distance = torch.linalg.vector_norm(push_offset, dim=-1)
+            if weights["reach"]:
+                reach = 1.0 - torch.tanh(5.0 * push_distance)
+                terms["reach"] = weights["reach"] * torch.where(success, 0.0, reach)
+            if weights["place"]:
+                place = (1.0 - torch.tanh(5.0 * distance_to_goal)) * (push_distance < REACH_THRESHOLD)
+                terms["place"] = weights["place"] * torch.where(success, 0.0, place)
+        if weights["success"]:
+            terms["success"] = weights["success"] * success.float()
+        if weights["time"]:
+            terms["time"] = torch.full_like(distance_to_goal, -weights["time"])
+        if weights["action_rate"]:
+            terms["action_rate"] = -weights["action_rate"] * (actions - self.prev_action).square().sum(-1)
+        if weights["action_magnitude"]:
+            terms["action_magnitude"] = -weights["action_magnitude"] * actions.square().sum(-1)
+        # The time cost makes every step cost and success (0 with the defaults) the best step: with success
+        # ending the episode and no bootstrap through termination, a positive per-step reward would make staying
         # just short of the goal worth more than succeeding (ManiSkill's PPO hides this by bootstrapping
         # V(final_obs) through terminations too).
-        return torch.where(success, 1.0, reward) - 1.0
+        reward = torch.zeros_like(distance_to_goal)
+        for value in terms.values():
+            reward = reward + value
+        return reward, terms
 
     # ------------------------------------------------------------------ observations
     def _observe(self) -> torch.Tensor:
@@ -418,11 +640,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
              cube_pos - self.tcp_pos, goal_pos - cube_pos),
             -1,
         )  # fmt: skip
-        if self.obs_noise_std > 0:
+        if self._obs_noise:
             noise = torch.randn(obs.shape, generator=self._generator, device=self.device)
-            obs = obs + self.obs_noise_std * noise
+            obs = obs + self.obs_noise_std.unsqueeze(-1) * noise
         return obs
-
     def _format_obs(self, flat_obs: torch.Tensor) -> torch.Tensor | TensorDict:
         """The flat observation in the env's obs_mode (state: as is; dict: nested TensorDict)."""
         if self.obs_mode == "state":
@@ -463,8 +684,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         Shows the table, the goal region (green disk, red centre), the cube (rotated blue square),
         the robot base, the arm links (grey, lighter when higher) and the TCP (disk, dark when low
-        and yellow when high). x points right, y points up.
+        and yellow when high). x points right, y points up. With ``camera`` other than "top" the same
+        scene is seen through a perspective camera (``_render_camera``).
         """
+        if self.camera != "top":
+            return self._render_camera(env_index, height, width)
         px, py = _pixel_grid(height, width, self.device)
         image = torch.empty(height, width, 3, device=self.device)
         image[:] = image.new_tensor(TABLE_COLOR)
@@ -493,29 +717,179 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         _paint(image, _disk(px, py, tcp[:2], max(TCP_RADIUS, 2.0 * pixel_size)), tcp_color)
         return (image * 255).round().to(torch.uint8).cpu().numpy()
 
+    def _render_camera(self, env_index: int, height: int, width: int) -> np.ndarray:
+        """The scene through the perspective camera ``CAMERA_POSES[self.camera]``, drawn far to near (painter's
+        order): table, goal disk, the cube's visible faces, base, arm links and TCP by depth."""
+        eye, target = (torch.tensor(v, dtype=torch.float32) for v in CAMERA_POSES[self.camera])
+        project = _camera(eye, target, height, width)
+        py, px = torch.meshgrid(torch.arange(height) + 0.5, torch.arange(width) + 0.5, indexing="ij")
+        image = torch.empty(height, width, 3)
+        image[:] = image.new_tensor(BACKGROUND_COLOR)
+        x0, x1, y0, y1 = *RENDER_X_RANGE, *RENDER_Y_RANGE
+        table = torch.tensor([[x0, y0, 0.0], [x1, y0, 0.0], [x1, y1, 0.0], [x0, y1, 0.0]])
+        _paint(image, _convex_polygon(px, py, *project(table)[:2]), TABLE_COLOR)
+        angles = torch.linspace(0, 2 * math.pi, 33)[:-1]
+        goal = self.goal_xy[env_index].cpu()
+        for radius, color in ((self.goal_radius, GOAL_REGION_COLOR), (0.012, GOAL_CENTRE_COLOR)):
+            ring = torch.stack((goal[0] + radius * torch.cos(angles), goal[1] + radius * torch.sin(angles),
+                                torch.full_like(angles, 1e-3)), -1)  # fmt: skip
+            _paint(image, _convex_polygon(px, py, *project(ring)[:2]), color, alpha=0.6 if radius > 0.02 else 1.0)
+
+        items = []  # (depth, draw function) of everything above the table
+        half, yaw = float(self.cube_half_size[env_index]), float(self.cube_yaw[env_index])
+        centre = torch.tensor([*self.cube_xy[env_index].tolist(), half])
+        axes = torch.tensor([[math.cos(yaw), math.sin(yaw), 0.0], [-math.sin(yaw), math.cos(yaw), 0.0],
+                             [0.0, 0.0, 1.0]])  # fmt: skip
+        for axis in range(3):
+            for sign in (-1.0, 1.0):
+                normal = sign * axes[axis]
+                if float((eye - (centre + half * normal)) @ normal) <= 0:
+                    continue  # faces away from the camera
+                u, v = axes[(axis + 1) % 3], axes[(axis + 2) % 3]
+                corners = torch.stack([centre + half * (normal + a * u + b * v)
+                                       for a, b in ((-1, -1), (1, -1), (1, 1), (-1, 1))])  # fmt: skip
+                shade = 0.75 + 0.25 * float(normal[2] > 0.5)  # the top face lighter
+                color = tuple(shade * c for c in CUBE_COLOR)
+                mask = _convex_polygon(px, py, *project(corners)[:2])
+                items.append((float(project(corners)[2].mean()), lambda m=mask, c=color: _paint(image, m, c)))
+        points = franka.forward_kinematics(self.qpos[env_index : env_index + 1].cpu(), self.base_pos)[0]
+        u, v, depth = project(points)
+        focal = 0.5 * width / math.tan(0.5 * CAMERA_FOV)
+        items.append((float(depth[0]), lambda: _paint(image, _disk(px, py, (u[0], v[0]), 0.06 * focal / depth[0]),
+                                                      BASE_COLOR)))  # fmt: skip
+        for i in range(len(points) - 1):
+            shade = 0.35 + 0.5 * float(((points[i, 2] + points[i + 1, 2]) / 2).clamp(0.0, 0.8) / 0.8)
+            half_width = float(LINK_HALF_WIDTH * focal / ((depth[i] + depth[i + 1]) / 2))
+            mask = _segment(px, py, (u[i], v[i]), (u[i + 1], v[i + 1]), max(half_width, 1.0))
+            items.append((float((depth[i] + depth[i + 1]) / 2),
+                          lambda m=mask, c=(shade, shade, shade): _paint(image, m, c, alpha=0.8)))  # fmt: skip
+        tcp_radius = max(TCP_RADIUS * focal / float(depth[-1]), 2.0)
+        items.append((float(depth[-1]) - 1e-3,
+                      lambda: _paint(image, _disk(px, py, (u[-1], v[-1]), tcp_radius), (0.95, 0.85, 0.1))))  # fmt: skip
+        for _, draw in sorted(items, key=lambda item: -item[0]):
+            draw()
+        return (image * 255).round().to(torch.uint8).numpy()
+
     def close(self) -> None:
         """Nothing to release."""
 
 
-def _check_args(num_envs, max_episode_steps, obs_mode, contact_substeps, goal_radius,
-                cube_half_size, cube_half_size_range, push_friction_range, render_mode) -> None:  # fmt: skip
-    """Raise ValueError with one clear line for a bad constructor argument."""
-    problems = {
-        "num_envs must be a positive integer": not isinstance(num_envs, (int, np.integer)) or num_envs < 1,
-        "max_episode_steps must be >= 1": max_episode_steps < 1,
-        "obs_mode must be 'state' or 'dict'": obs_mode not in ("state", "dict"),
-        "contact_substeps must be >= 1": contact_substeps < 1,
-        "goal_radius must be > 0": goal_radius <= 0,
-        "cube_half_size must be > 0": cube_half_size <= 0,
-        "cube_half_size_range must be (low, high) with 0 < low <= high": cube_half_size_range is not None
-        and not (0 < cube_half_size_range[0] <= cube_half_size_range[1]),
-        "push_friction_range must be (low, high) with low <= high": push_friction_range is not None
-        and not (push_friction_range[0] <= push_friction_range[1]),
-        "render_mode must be None or 'rgb_array'": render_mode not in (None, "rgb_array"),
-    }
-    for message, failed in problems.items():
-        if failed:
-            raise ValueError(f"PushCubeRL: {message}")
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_range(kwarg: str, value, minimum: float) -> tuple[float, float]:
+    """A (low, high) pair of finite numbers with minimum <= low <= high (a list from JSON is fine)."""
+    ok = (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(v) and math.isfinite(v)
+          for v in value) and minimum <= value[0] <= value[1])  # fmt: skip
+    if not ok:
+        raise ValueError(f"PushCubeRL: {kwarg} must be (low, high) with {minimum:g} <= low <= high, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def _check_args(args: dict) -> dict[str, tuple[float, float]]:
+    """Raise ValueError with one line naming the constructor argument and its allowed values; return the
+    (low, high) range of every randomizable parameter (a point where it is not randomized)."""
+
+    def fail(kwarg: str, allowed: str) -> None:
+        raise ValueError(f"PushCubeRL: {kwarg} must be {allowed}, got {args[kwarg]!r}")
+
+    number = lambda k: _is_number(args[k]) and math.isfinite(args[k])  # noqa: E731
+    if not _is_int(args["num_envs"]) or args["num_envs"] < 1:
+        fail("num_envs", "a positive integer")
+    if not _is_int(args["max_episode_steps"]) or args["max_episode_steps"] < 1:
+        fail("max_episode_steps", "an integer >= 1")
+    if args["obs_mode"] not in ("state", "dict"):
+        fail("obs_mode", "'state' or 'dict'")
+    if args["action_mode"] not in ACTION_MODES:
+        fail("action_mode", " or ".join(repr(m) for m in ACTION_MODES))
+    for kwarg in ("joint_delta_scale", "ee_delta_scale", "max_tcp_speed", "goal_radius", "cube_half_size"):
+        if not number(kwarg) or args[kwarg] <= 0:
+            fail(kwarg, "a number > 0")
+    for kwarg in ("arm_limits", "terminate_on_success"):
+        if not isinstance(args[kwarg], (bool, np.bool_)):
+            fail(kwarg, "true or false")
+    for kwarg in ("goal_direction",):
+        if not number(kwarg):
+            fail(kwarg, "a finite number (radians)")
+    if not number("goal_distance") or args["goal_distance"] <= args["goal_radius"]:
+        fail("goal_distance", f"a number > goal_radius ({args['goal_radius']!r}; else the cube starts in the goal "
+             "and every episode succeeds at its first step)")
+    for kwarg in ("cube_xy_range", "cube_yaw_range", "push_friction", "obs_noise_std", "action_noise_std",
+                  "event_cube_shift_std"):
+        if not number(kwarg) or args[kwarg] < 0:
+            fail(kwarg, "a number >= 0")
+    if not _is_int(args["contact_substeps"]) or args["contact_substeps"] < 1:
+        fail("contact_substeps", "an integer >= 1")
+    if not _is_int(args["randomize_every"]) or args["randomize_every"] < 0:
+        fail("randomize_every", "an integer >= 0 (control steps between events; 0: no interval event)")
+    at = args["randomize_at"]
+    if not isinstance(at, (list, tuple)) or not all(_is_int(k) and k >= 1 for k in at):
+        fail("randomize_at", "a list of integers >= 1 (episode steps after which the event fires)")
+    base = args["base_pos"]
+    if not isinstance(base, (list, tuple)) or len(base) != 3 or not all(_is_number(v) for v in base):
+        fail("base_pos", "3 numbers (x, y, z)")
+    if args["camera"] not in CAMERAS:
+        fail("camera", " or ".join(repr(c) for c in CAMERAS))
+    if args["render_mode"] not in (None, "rgb_array"):
+        fail("render_mode", "None or 'rgb_array'")
+
+    weights = args["reward_weights"]
+    if weights is not None:
+        if not isinstance(weights, Mapping):
+            fail("reward_weights", f"a dict {{term: weight}} with terms {', '.join(DEFAULT_REWARD_WEIGHTS)}")
+        for name, weight in weights.items():
+            if name not in DEFAULT_REWARD_WEIGHTS:
+                raise ValueError(f"PushCubeRL: reward_weights has an unknown term {name!r}; terms: "
+                                 f"{', '.join(DEFAULT_REWARD_WEIGHTS)}")
+            if not _is_number(weight) or not math.isfinite(weight):
+                raise ValueError(f"PushCubeRL: reward_weights[{name!r}] must be a finite number, got {weight!r}")
+
+    ranges = {name: (float(args[name]), float(args[name])) for name in RANDOMIZABLE}
+    randomize = dict(args["randomize"] or {})
+    if not isinstance(args["randomize"] or {}, Mapping):
+        fail("randomize", f"a dict {{parameter: [low, high]}} with parameters {', '.join(RANDOMIZABLE)}")
+    for name, kwarg in (("cube_half_size", "cube_half_size_range"), ("push_friction", "push_friction_range")):
+        if args[kwarg] is not None:
+            if name in randomize:
+                raise ValueError(f"PushCubeRL: give {kwarg} or randomize[{name!r}], not both")
+            ranges[name] = _check_range(kwarg, args[kwarg], RANDOMIZABLE[name])
+    for name, value in randomize.items():
+        if name not in RANDOMIZABLE:
+            raise ValueError(f"PushCubeRL: randomize has an unknown parameter {name!r}; parameters: "
+                             f"{', '.join(RANDOMIZABLE)}")
+        ranges[name] = _check_range(f"randomize[{name!r}]", value, RANDOMIZABLE[name])
+    return ranges
+
+
+def _camera(eye: torch.Tensor, target: torch.Tensor, height: int, width: int):
+    """A pinhole camera at ``eye`` looking at ``target`` (z up): a function from world points [..., 3] to pixel
+    column, pixel row and depth along the view axis (each [...])."""
+    forward = (target - eye) / (target - eye).norm()
+    right = torch.linalg.cross(forward, torch.tensor([0.0, 0.0, 1.0]))
+    right = right / right.norm()
+    up = torch.linalg.cross(right, forward)
+    focal = 0.5 * width / math.tan(0.5 * CAMERA_FOV)
+
+    def project(points: torch.Tensor):
+        rel = points.float() - eye
+        depth = (rel @ forward).clamp_min(1e-3)
+        return width / 2 + focal * (rel @ right) / depth, height / 2 - focal * (rel @ up) / depth, depth
+
+    return project
+
+
+def _convex_polygon(px: torch.Tensor, py: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """Pixels inside the convex polygon with vertices (xs, ys) in order (either orientation)."""
+    crosses = [(xs[(i + 1) % len(xs)] - xs[i]) * (py - ys[i]) - (ys[(i + 1) % len(xs)] - ys[i]) * (px - xs[i])
+               for i in range(len(xs))]  # fmt: skip
+    stacked = torch.stack(crosses)
+    return (stacked >= 0).all(0) | (stacked <= 0).all(0)
 
 
 def _pixel_grid(height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

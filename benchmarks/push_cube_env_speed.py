@@ -1,0 +1,53 @@
+"""PushCubeRL env-only throughput of variants side by side in one process (1 thread), against an older checkout.
+
+    git archive bf22c03 | tar -x -C /tmp/old && uv run python benchmarks/push_cube_env_speed.py --old /tmp/old
+
+Steps every variant 50 times with random actions drawn up front, 7 rounds interleaved (so that a change of
+machine load hits all variants alike), and prints the median env-steps/s and its ratio to the old code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--old", required=True, help="checkout whose cleanrl_embodied/shared/envs/push_cube.py is 'old'")
+parser.add_argument("--num-envs", type=int, default=4096)
+args = parser.parse_args()
+torch.set_num_threads(1)
+spec = importlib.util.spec_from_file_location("old_push_cube", f"{args.old}/cleanrl_embodied/shared/envs/push_cube.py")
+old = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(old)
+N = args.num_envs
+variants = {
+    "old (bf22c03)": lambda: old.PushCubeRLVecEnv(num_envs=N, seed=0),
+    "arm_limits=False": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, arm_limits=False),
+    "default": lambda: PushCubeRLVecEnv(num_envs=N, seed=0),
+    "action_mode=ee_delta_pos": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, action_mode="ee_delta_pos"),
+    "events": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, randomize={"cube_half_size": [0.015, 0.025]},
+                                       randomize_every=10, event_cube_shift_std=0.01),
+    "action_rate": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, reward_weights={"action_rate": 0.01}),
+}
+envs = {name: make() for name, make in variants.items()}
+actions = {name: 2 * torch.rand(50, N, env.single_action_space.shape[0], generator=torch.Generator().manual_seed(0)) - 1
+           for name, env in envs.items()}  # fmt: skip
+for env in envs.values():
+    env.reset(seed=0)
+rates = {name: [] for name in envs}
+for _ in range(7):
+    for name, env in envs.items():
+        start = time.perf_counter()
+        for a in actions[name]:
+            env.step(a)
+        rates[name].append(50 * N / (time.perf_counter() - start))
+base = statistics.median(rates["old (bf22c03)"])
+print(f"| variant ({N} envs, 1 thread) | env-steps/s (median of 7) | ratio to old |\n|---|---|---|")
+for name, values in rates.items():
+    print(f"| {name} | {statistics.median(values) / 1e3:.0f}k | {statistics.median(values) / base:.2f} |")
