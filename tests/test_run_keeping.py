@@ -3,6 +3,7 @@ the one failure style."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,16 @@ def test_a_user_mistake_is_one_line_and_exit_status_1():
     with pytest.raises(SystemExit) as e:
         fail("--num-envs must be > 0, got 0")
     assert e.value.code == "error: --num-envs must be > 0, got 0"
+
+
+def test_reward_terms_are_logged_as_iteration_means(tmp_path):
+    """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log their mean per env step,
+    and with the default weights the terms add up to the reward."""
+    out = ppo_continuous.main(ppo_continuous.Args(output_dir=str(tmp_path), total_timesteps=2 * 80, **TINY))
+    train = json.loads((Path(out["run_dir"]) / "summary.json").read_text())["train"]
+    terms = {k: v for k, v in train.items() if k.startswith("rewards/")}
+    assert {"rewards/reach", "rewards/place"} <= set(terms), sorted(train)
+    env = make_env("PushCubeRL", num_envs=16, seed=0)
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(torch.zeros(16, env.single_action_space.shape[0]))
+    torch.testing.assert_close(sum(info["rewards"].values()), reward)
