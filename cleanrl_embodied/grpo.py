@@ -34,7 +34,7 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
@@ -243,11 +243,11 @@ def group_reset(envs, args: Args, iteration: int) -> torch.Tensor:
 
 
 def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Module, optimizer, envs,
-                     evaluator: Evaluator, iteration: int, global_step: int, num_iterations: int, lr_anchor) -> None:
+                     evaluator: Evaluator, iteration: int, global_step: int, num_iterations: int) -> None:
     """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
     state = {"script": "grpo", "args": dataclasses.asdict(args), "model": actor.state_dict(),
              "ref_model": ref_actor.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-             "global_step": global_step, "num_iterations": num_iterations, "lr_anchor": list(lr_anchor),
+             "global_step": global_step, "num_iterations": num_iterations,
              "best_key": list(evaluator.best_key), "obs_dim": envs.single_observation_space.shape[0],
              "act_dim": envs.single_action_space.shape[0], "rng": rng_state(), "env_state": env_state_dict(envs)}
     for path in paths:
@@ -291,7 +291,7 @@ def main(args: Args) -> dict:
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])
-    group_reset(envs, args, start_iteration)  # first of all: can the env give groups identical starts?
+    next_obs = group_reset(envs, args, start_iteration)  # first of all: can the env give groups identical starts?
     horizon = args.num_steps or (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
         envs.unwrapped, "max_episode_steps", None)
     if not horizon:
@@ -305,11 +305,11 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
     logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
-    global_step, lr_anchor = 0, (0, args.learning_rate)  # LR: lr_anchor[1] at iteration lr_anchor[0] -> 0 at the end
+    global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
         optimizer.load_state_dict(ckpt["optimizer"])
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write)
+        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         set_rng_state(ckpt["rng"])
     logger.write(f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
                  f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
@@ -328,9 +328,9 @@ def main(args: Args) -> dict:
     with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
-                    1.0 - (iteration - 1 - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
-            next_obs = group_reset(envs, args, iteration)
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+            if iteration > start_iteration:  # the first iteration's starts were drawn above
+                next_obs = group_reset(envs, args, iteration)
 
             # ---- rollout of one horizon from group starts: no host sync inside this loop ----
             rollout_stats = RolloutStats(device)  # of the first episodes that end within the horizon
@@ -411,8 +411,9 @@ def main(args: Args) -> dict:
             if args.save_freq and iteration >= next_save:
                 next_save = iteration + args.save_freq
                 names += ["last.pt", f"iter_{iteration:06d}.pt"]
-            save_checkpoints([logger.checkpoint_dir / n for n in dict.fromkeys(names)], args, actor, ref_actor,
-                             optimizer, envs, evaluator, iteration, global_step, num_iterations, lr_anchor)
+            if names:  # assembling a checkpoint copies the env state to the host: only when one is written
+                save_checkpoints([logger.checkpoint_dir / n for n in dict.fromkeys(names)], args, actor, ref_actor,
+                                 optimizer, envs, evaluator, iteration, global_step, num_iterations)
             if stopping:
                 break
 

@@ -47,7 +47,7 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
@@ -438,7 +438,7 @@ def main(args: Args) -> dict:
 
     # Learner counters, changed here only, after the update they count: rollouts consumed (= iterations),
     # policy version (= updates made), env steps, rollouts dropped for staleness.
-    consumed, version, global_step, dropped, lr_anchor = 0, 0, 0, 0, (0, args.learning_rate)
+    consumed, version, global_step, dropped = 0, 0, 0, 0
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # the collector's random stream
     next_obs, _ = envs.reset(seed=args.seed)
     cstate = None
@@ -447,7 +447,7 @@ def main(args: Args) -> dict:
         reward_rms.load_state_dict(ckpt["reward_rms"])
         consumed, version, dropped = ckpt["iteration"], ckpt["version"], ckpt["dropped"]
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write)
+        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         set_rng_state(ckpt["rng"])
         cstate = ckpt["collector"]  # the collector stopped at a rollout boundary: continue from exactly there
         if cstate["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces
@@ -472,7 +472,7 @@ def main(args: Args) -> dict:
         state = {"script": "ppo_async", "args": dataclasses.asdict(args), "model": agent.state_dict(),
                  "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(),
                  "reward_trace": reward_trace, "iteration": consumed, "version": version, "global_step": global_step,
-                 "dropped": dropped, "num_iterations": num_iterations, "lr_anchor": list(lr_anchor),
+                 "dropped": dropped, "num_iterations": num_iterations,
                  "best_key": list(evaluator.best_key), "obs_dim": obs_dim, "act_dim": act_dim, "rng": rng_state(),
                  "collector": collector.state()}
         return str(atomic_save(state, logger.checkpoint_dir / name))
@@ -485,8 +485,7 @@ def main(args: Args) -> dict:
         with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
             while consumed < num_iterations:
                 if args.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
-                        1.0 - (consumed - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - consumed / num_iterations)
                 wait_start = time.time()
                 item = collector.get()
                 wait_s, update_start = time.time() - wait_start, time.time()

@@ -28,7 +28,7 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
@@ -294,14 +294,14 @@ def main(args: Args) -> dict:
         from tensordict.nn import CudaGraphModule
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
-    global_step, start_iteration, lr_anchor = 0, 1, (0, args.learning_rate)  # LR: lr_anchor[1] at lr_anchor[0] -> 0
+    global_step, start_iteration = 0, 1
     next_obs, _ = envs.reset(seed=args.seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         evaluator.best_key = tuple(ckpt["best_key"])
-        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write)
+        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces
             load_env_state_dict(envs, ckpt["env_state"])
             next_obs = ckpt["next_obs"].to(device)
@@ -314,7 +314,7 @@ def main(args: Args) -> dict:
         state = {"script": "ppo_continuous", "args": dataclasses.asdict(args), "model": agent.state_dict(),
                  "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(),
                  "reward_trace": reward_trace, "iteration": iteration, "global_step": global_step,
-                 "num_iterations": num_iterations, "lr_anchor": list(lr_anchor), "best_key": list(evaluator.best_key),
+                 "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
                  "obs_dim": obs_dim, "act_dim": act_dim, "rng": rng_state(), "env_state": env_state_dict(envs),
                  "next_obs": next_obs}
         return str(atomic_save(state, logger.checkpoint_dir / name))
@@ -331,8 +331,7 @@ def main(args: Args) -> dict:
     with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
-                    1.0 - (iteration - 1 - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
 
             # ---- rollout: no host sync inside this loop ----
             rollout_stats = RolloutStats(device)

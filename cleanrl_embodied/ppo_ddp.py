@@ -37,7 +37,7 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, resume_lr_anchor, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
@@ -360,7 +360,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         from tensordict.nn import CudaGraphModule
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
-    global_step, start_iteration, lr_anchor, resume_note = 0, 1, (0, args.learning_rate), ""
+    global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -369,7 +369,8 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-        lr_anchor = resume_lr_anchor(ckpt, num_iterations, logger.write if rank == 0 else lambda _: None)
+        if rank == 0:
+            note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
         if len(pieces) == world_size and pieces[rank]["next_obs"].shape[0] == args.num_envs:
             piece = pieces[rank]
@@ -389,7 +390,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
         state = {"script": "ppo_ddp", "args": dataclasses.asdict(args), "model": agent.state_dict(),
                  "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(), "iteration": iteration,
-                 "global_step": global_step, "num_iterations": num_iterations, "lr_anchor": list(lr_anchor),
+                 "global_step": global_step, "num_iterations": num_iterations,
                  "best_key": list(evaluator.best_key), "obs_dim": obs_dim, "act_dim": act_dim,
                  "world_size": world_size, **pieces[0], "other_ranks": pieces[1:]}
         return str(atomic_save(state, logger.checkpoint_dir / name))
@@ -414,8 +415,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     with StopFlag(say, signals=(signal.SIGINT, signal.SIGTERM), absorb_repeats=True) as stop:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = lr_anchor[1] * (
-                    1.0 - (iteration - 1 - lr_anchor[0]) / (num_iterations - lr_anchor[0]))
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
 
             # ---- rollout on this rank: no host sync and no collective inside this loop ----
             rollout_stats = RolloutStats(device)

@@ -16,7 +16,7 @@ import torch
 
 from cleanrl_embodied.shared.cli import fail, flag
 
-__all__ = ["load_checkpoint", "resume_lr_anchor", "rng_state", "set_rng_state"]
+__all__ = ["load_checkpoint", "note_schedule_change", "rng_state", "set_rng_state"]
 
 
 def _plain(value: Any) -> Any:
@@ -70,16 +70,14 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
 
 
-def resume_lr_anchor(ckpt: dict, num_iterations: int, say) -> tuple[int, float]:
-    """The point (iteration, learning rate) from which a resumed run anneals the LR linearly to 0 at its last
-    iteration: the checkpoint's own. With the same ``--total-timesteps`` that is the straight run's schedule,
-    bit for bit; with another one (training longer), the schedule of a run planned with the new total from
-    the start, which ``say`` announces with the LR before and after (continuing from where the LR was would
-    leave a finished run at 0)."""
-    (it0, lr0), done, old_total = ckpt["lr_anchor"], ckpt["iteration"], ckpt["num_iterations"]
+def note_schedule_change(ckpt: dict, num_iterations: int, learning_rate: float, say) -> None:
+    """The learning rate anneals linearly from ``learning_rate`` at iteration 1 to 0 after ``num_iterations``,
+    resumed or not. A resume with another number of iterations (another ``--total-timesteps``, e.g. to train
+    longer) thus follows the schedule of a run planned with the new total; ``say`` announces it with the
+    learning rate before and after (continuing the old schedule would leave a finished run at 0)."""
+    done, old_total = ckpt["iteration"], ckpt["num_iterations"]
     if old_total != num_iterations:
-        lr = lambda total: lr0 * (1.0 - (done - it0) / max(total - it0, 1))  # noqa: E731
-        say(f"--total-timesteps changed ({old_total} -> {num_iterations} iterations): the learning rate follows "
-            f"the schedule of a {num_iterations}-iteration run, {lr(num_iterations):.3g} at iteration {done + 1} "
-            f"(the old schedule had {max(lr(old_total), 0.0):.3g})")
-    return int(it0), float(lr0)
+        lr = lambda total: learning_rate * max(1.0 - done / total, 0.0)  # noqa: E731 - the LR of iteration done + 1
+        say(f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
+            f"the {num_iterations}-iteration schedule, {lr(num_iterations):.3g} at iteration {done + 1} "
+            f"(the old schedule had {lr(old_total):.3g})")

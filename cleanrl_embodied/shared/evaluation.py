@@ -38,7 +38,7 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     ``success_rate`` is None for envs without a success signal.
     """
     obs, _ = env.reset(seed=seed)
-    device = env_device(obs)
+    device = obs.device
     gen = torch.Generator(device=device).manual_seed(seed)
     n = env.num_envs
     per_env = -(-num_episodes // n)  # ceil
@@ -60,11 +60,6 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
     result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})
     return result
-
-
-def env_device(obs) -> torch.device:
-    """Device of an observation (a tensor or a TensorDict)."""
-    return obs.device if obs.device is not None else next(iter(obs.values(True, True))).device
 
 
 class Evaluator:
