@@ -21,7 +21,10 @@ other tests can inject faults:
 - ``nan_obs_at_step`` (int or None): the observation returned by the k-th ``step()`` of this env (counted from 1
   over the env's whole life, across resets) is all NaN; every other observation is finite.
 - ``raise_at_step`` (int or None): the k-th ``step()`` (counted the same way) raises ``RuntimeError``.
-- ``success_radius`` (float, default 0.1): distance to the target that counts as success.
+- ``success_radius`` (float, default 0.1): distance to the target that counts as success (0: never).
+- ``terminate_at_step`` (int or None): episodes also terminate (a true end) at their k-th step.
+- ``nan_final_obs`` (bool): the observation an episode ends on (its final obs) is all NaN.
+- ``record`` (bool): append this env's keyword arguments to ``CONSTRUCTED`` (which envs got what).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 __all__ = ["PointReach"]
 
 ENV_IDS = ("PointReach-v0", "PointReachDict-v0")
+CONSTRUCTED: list[dict] = []
 
 
 class PointReach(gym.Env):
@@ -40,9 +44,15 @@ class PointReach(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, dim: int = 2, dict_obs: bool = False, nan_obs_at_step: int | None = None,
-                 raise_at_step: int | None = None, success_radius: float = 0.1):
+                 raise_at_step: int | None = None, success_radius: float = 0.1, terminate_at_step: int | None = None,
+                 nan_final_obs: bool = False, record: bool = False):
+        if record:
+            CONSTRUCTED.append({"dim": dim, "nan_obs_at_step": nan_obs_at_step, "raise_at_step": raise_at_step,
+                                "success_radius": success_radius, "terminate_at_step": terminate_at_step,
+                                "nan_final_obs": nan_final_obs})
         self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
         self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
+        self.terminate_at_step, self.nan_final_obs = terminate_at_step, bool(nan_final_obs)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dim,), np.float32)
         box = gym.spaces.Box(-np.inf, np.inf, (self.dim,), np.float32)
         self.observation_space = (gym.spaces.Dict({"position": box, "offset": box}) if self.dict_obs
@@ -58,20 +68,23 @@ class PointReach(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self.position = np.zeros(self.dim)
+        self.position, self.episode_steps = np.zeros(self.dim), 0
         self.target = self.np_random.uniform(-0.5, 0.5, self.dim)
         return self._obs(), {}
 
     def step(self, action):
         self.steps_taken += 1
+        self.episode_steps += 1
         if self.raise_at_step is not None and self.steps_taken == self.raise_at_step:
             raise RuntimeError(f"PointReach: raise_at_step={self.raise_at_step} reached")
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
         self.position = np.clip(self.position + 0.1 * action, -1.0, 1.0)
         distance = float(np.linalg.norm(self.target - self.position))
         success = distance < self.success_radius
-        nan = self.nan_obs_at_step is not None and self.steps_taken == self.nan_obs_at_step
-        return self._obs(nan), -distance, success, False, {"success": success}
+        terminated = success or (self.terminate_at_step is not None and self.episode_steps >= self.terminate_at_step)
+        nan = (self.nan_obs_at_step is not None and self.steps_taken == self.nan_obs_at_step) or (
+            self.nan_final_obs and terminated)
+        return self._obs(nan), -distance, terminated, False, {"success": success}
 
 
 for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True})):

@@ -231,10 +231,10 @@ def test_non_finite_reward_names_the_tensor_and_global_step(tmp_path):
 
 def test_non_finite_final_obs_is_caught(tmp_path):
     """The observation an episode ends with (info["final_obs"]) is checked too, not only the next obs."""
-    import toy_envs  # noqa: F401 - registers ToyReach-v0
 
     with pytest.raises(SystemExit) as excinfo:
-        main(tiny_args(tmp_path, env_id="ToyReach-v0", env_kwargs='{"nan_final_obs": true, "terminate_at_step": 3}'))
+        main(tiny_args(tmp_path, env_id="tests.envs_for_tests:PointReach-v0",
+                       env_kwargs='{"nan_final_obs": true, "terminate_at_step": 3, "success_radius": 0}'))
     assert "non-finite observation" in one_line_exit(excinfo) and "global step 24" in str(excinfo.value.code)
 
 

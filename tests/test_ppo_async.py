@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import toy_envs  # noqa: F401 - registers ToyReach-v0
 import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -95,12 +94,12 @@ def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(t
 def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everything(tmp_path):
     """A simulator that crashes in its 25th step: the two rollouts completed before are learned from and
     counted, the exception surfaces in the learner with a note, and no checkpoint is written by the crash."""
-    with pytest.raises(ValueError, match="simulated simulator crash at step 25") as e:
-        ppo_async.main(tiny_args(tmp_path, iterations=20, env_id="ToyReach-v0",
+    with pytest.raises(RuntimeError, match="raise_at_step=25 reached") as e:
+        ppo_async.main(tiny_args(tmp_path, iterations=20, env_id="tests.envs_for_tests:PointReach-v0",
                                  env_kwargs='{"raise_at_step": 25}'))
     assert "collector thread" in "".join(getattr(e.value, "__notes__", []))
     assert not collector_alive()
-    run_dir = next(tmp_path.glob("ToyReach-v0__*"))
+    run_dir = next(tmp_path.glob("PointReach-v0__*"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == 2 * 80 and summary["checkpoint"] is None
     assert not (run_dir / "checkpoints" / "last.pt").exists()

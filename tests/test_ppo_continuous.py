@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import toy_envs  # noqa: F401 - registers ToyReach-v0
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous as ppo
+from tests import envs_for_tests
 
 SCRIPT = Path(ppo.__file__)
+TEST_ENV = "tests.envs_for_tests:PointReach-v0"  # registered by a test module; its kwargs inject faults
 TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
             hidden_sizes=(32, 32), cuda=False)
 
@@ -162,7 +163,7 @@ def test_eval_checkpoint_evaluates_without_training(tmp_path):
 
 def test_non_finite_observation_stops_with_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:  # every sub-env's 3rd step returns NaN: rollout step 2 of 8 envs
-        ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0", env_kwargs='{"nan_obs_at_step": 3}'))
+        ppo.main(tiny_args(tmp_path, env_id=TEST_ENV, env_kwargs='{"nan_obs_at_step": 3}'))
     message = str(e.value.code)
     assert message.startswith("error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] at global step 24")
     assert "\n" not in message
@@ -172,8 +173,8 @@ def test_non_finite_final_observation_is_named_not_blamed_on_the_loss(tmp_path):
     """A NaN in the last observation of an episode (seen only in info["final_obs"], the env has reset
     already) must stop the run with one line naming it, not spread through V(final_obs) into the loss."""
     with pytest.raises(SystemExit) as e:  # episodes terminate at their 4th step with a NaN final obs
-        ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0",
-                           env_kwargs='{"terminate_at_step": 4, "nan_final_obs": true}'))
+        ppo.main(tiny_args(tmp_path, env_id=TEST_ENV,
+                           env_kwargs='{"terminate_at_step": 4, "nan_final_obs": true, "success_radius": 0}'))
     assert str(e.value.code).startswith("error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] "
                                         "at global step 32"), e.value.code
 
@@ -236,10 +237,10 @@ def test_default_ppo_learns_to_push_the_cube(tmp_path):
 
 
 def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path):
-    toy_envs.CONSTRUCTED.clear()
-    ppo.main(tiny_args(tmp_path, env_id="ToyReach-v0", env_kwargs='{"record": true, "terminate_at_step": 7}',
+    envs_for_tests.CONSTRUCTED.clear()
+    ppo.main(tiny_args(tmp_path, env_id=TEST_ENV, env_kwargs='{"record": true, "terminate_at_step": 7}',
                        eval_env_kwargs='{"record": true}'))
-    made = [c["terminate_at_step"] for c in toy_envs.CONSTRUCTED]
+    made = [c["terminate_at_step"] for c in envs_for_tests.CONSTRUCTED]
     assert sorted(made, key=str) == [7] * 8 + [None] * 4  # 8 training envs got it, the 4 eval envs did not
 
 
