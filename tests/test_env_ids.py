@@ -42,8 +42,8 @@ def clean_import_state(monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 def test_module_env_id_is_imported_then_used(monkeypatch):
     monkeypatch.delitem(sys.modules, "tests.envs_for_tests", raising=False)  # as in a fresh process
-    for env_id in ("PointReach-v0", "PointReachDict-v0"):
-        gym.registry.pop(env_id, None)
+    for env_id in ("PointReach-v0", "PointReachDict-v0"):  # restored afterwards, with the module
+        monkeypatch.delitem(gym.registry, env_id, raising=False)
     assert resolve_env_id("Pendulum-v1") == "Pendulum-v1"  # plain ids are left alone
     assert check_env_id(TEST_ENV) == "PointReach-v0"  # the import registered it
     assert "tests.envs_for_tests" in sys.modules and "PointReach-v0" in gym.registry
