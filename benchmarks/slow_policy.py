@@ -20,9 +20,14 @@ def make_agent(obs_space, act_space, args, latency_ms: float = 0.0):
     base = importlib.import_module(type(args).__module__).Agent
 
     class SlowAgent(base):
-        def dist(self, obs):
+        def dist(self, obs):  # evaluation
             if not torch.is_grad_enabled():
                 time.sleep(latency_ms / 1000)
             return super().dist(obs)
 
-    return SlowAgent(obs_space.shape[0], act_space.shape[0], args)
+        def forward(self, obs):  # the rollout's (and the loss's) one pass
+            if not torch.is_grad_enabled():
+                time.sleep(latency_ms / 1000)
+            return super().forward(obs)
+
+    return SlowAgent(obs_space, act_space, args)

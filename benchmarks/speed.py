@@ -297,9 +297,12 @@ def timed_agent(obs_space, act_space, args):
         def get_value(self, obs):
             return self._timed(super().get_value, obs)
 
-    dims = (obs_space.shape[0], act_space.shape[0])
-    return TimedAgent(*dims, args) if agent_class.__name__ == "Agent" else TimedAgent(
-        *dims, args.hidden_sizes, args.init_logstd)
+        def forward(self, obs):
+            return self._timed(super().forward, obs)
+
+    if agent_class.__name__ == "Agent":
+        return TimedAgent(obs_space, act_space, args)
+    return TimedAgent(obs_space.shape[0], act_space.shape[0], args.hidden_sizes, args.init_logstd)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -39,6 +40,7 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
 
 @dataclass
@@ -135,6 +137,9 @@ def make_agent(envs, args: Args) -> nn.Module:
     """The built-in `Actor`, or the module that `--policy module:factory` builds from the spaces and args. Its
     `dist(obs)` is a per-dimension Normal-like distribution: `log_prob(action).sum(-1)` is the action's."""
     if args.policy is None:
+        if not isinstance(envs.single_observation_space, gym.spaces.Box):
+            fail(f"--env-id {args.env_id}: the built-in actor is an MLP on flat observations, these are "
+                 f"{type(envs.single_observation_space).__name__}; pass --policy module:factory (docs/POLICIES.md)")
         return Actor(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args.hidden_sizes,
                      args.init_logstd)
     return build_policy(args, envs, needs=("dist",))
@@ -248,7 +253,7 @@ def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Mo
     state = {"script": "grpo", "args": dataclasses.asdict(args), "model": actor.state_dict(),
              "ref_model": ref_actor.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
              "global_step": global_step, "num_iterations": num_iterations,
-             "best_key": list(evaluator.best_key), "obs_dim": envs.single_observation_space.shape[0],
+             "best_key": list(evaluator.best_key), "obs_dim": flat_dim(envs.single_observation_space),
              "act_dim": envs.single_action_space.shape[0], "rng": rng_state(), "env_state": env_state_dict(envs)}
     for path in paths:
         atomic_save(state, path)
@@ -268,7 +273,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    obs_dim, act_dim = flat_dim(eval_envs.single_observation_space), eval_envs.single_action_space.shape[0]
     for c, name in ((ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint")):
         if c is not None and (c["obs_dim"], c["act_dim"]) != (obs_dim, act_dim):
             fail(f"{flag(name)}: the checkpoint has obs/act dims {c['obs_dim']}/{c['act_dim']}, {args.env_id} has "
@@ -319,9 +324,10 @@ def main(args: Args) -> dict:
 
     storage = rollout_storage(
         horizon, args.num_envs, device,
-        obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32), logprob=((), torch.float32),
+        obs=envs.single_observation_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
         reward=((), torch.float32), done=((), torch.bool),
-    )
+    )  # TensorDict observations are stored as they come, uint8 images as uint8
+    cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     iteration, eval_result, skipped, consecutive_skips = start_iteration - 1, None, 0, 0
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -332,24 +338,27 @@ def main(args: Args) -> dict:
             if iteration > start_iteration:  # the first iteration's starts were drawn above
                 next_obs = group_reset(envs, args, iteration)
 
-            # ---- rollout of one horizon from group starts: no host sync inside this loop ----
+            # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
             rollout_stats = RolloutStats(device)  # of the first episodes that end within the horizon
             alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
             success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
             watch = NonFiniteWatch(args.num_envs, device)
-            watch.update(-1, next_obs, next_obs, torch.zeros(args.num_envs, device=device))  # the reset obs
             with torch.no_grad():
                 for step in range(horizon):
                     out = policy(actor, next_obs)
                     storage["obs"][step] = next_obs
                     storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
                     next_obs, reward, terminated, truncated, info = envs.step(out["action"])
-                    storage["reward"][step], storage["done"][step] = reward, terminated | truncated
-                    watch.update(step, next_obs, info["final_obs"], reward)
-                    counted = info["_episode"] & alive
-                    rollout_stats.add(info, counted=counted)
-                    success |= counted & (info["episode"]["success"] > 0)
-                    alive &= ~info["_episode"]
+                    done = terminated | truncated
+                    storage["reward"][step], storage["done"][step] = reward, done
+                    rollout_stats.add_reward_terms(info)
+                    if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
+                        watch.update_final(step, info["final_obs"], done)
+                        counted = done & alive
+                        rollout_stats.add_episodes(info, counted=counted)
+                        success |= counted & (info["episode"]["success"] > 0)
+                        alive &= ~done
+                watch.update_rollout(storage["obs"], next_obs, storage["reward"])  # obs[0]: the group starts
             watch.check(global_step, args.num_envs, where=f"{args.env_id} ")  # one line naming envs and step
             global_step += batch_size
 

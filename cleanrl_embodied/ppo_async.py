@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -52,6 +53,14 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.tensordict_helpers import (
+    flat_dim,
+    from_saved,
+    image_spaces,
+    saveable,
+    state_dim,
+    state_vector,
+)
 
 
 @dataclass
@@ -134,6 +143,8 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
+        if self.mean.numel() == 0:  # observations without float entries: nothing to track
+            return
         x = x.reshape(-1, *self.mean.shape).double()
         batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + n
@@ -143,7 +154,7 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -157,37 +168,71 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
-class Agent(nn.Module):
-    """Gaussian actor with a state-independent log-std, a separate critic, and the obs normalizer."""
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images: each uint8 image [3, H, W] (scaled to [0, 1]) through its own small
+    CNN (the NatureCNN layers of the CleanRL and ManiSkill pixel baselines; H, W >= 36), concatenated with the
+    (normalized) float entries. Actor and critic share it, so both losses train it."""
 
-    def __init__(self, obs_dim: int, act_dim: int, args: Args):
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            convs = nn.Sequential(
+                layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(nn.Sequential(convs, layer_init(nn.Linear(flat, features)), nn.ReLU()))
+        self.out_dim = features * len(self.keys) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
+        return torch.cat([*images, state], -1)
+
+
+class Agent(nn.Module):
+    """Gaussian actor with a state-independent log-std and a separate critic, on the normalized observation
+    (TensorDict observations: their float entries; images first go through the shared `PixelEncoder`)."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        self.obs_rms = RunningMeanStd((obs_dim,))
-        self.critic = mlp(obs_dim, args.hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(obs_dim, args.hidden_sizes, act_dim, out_std=0.01)
+        self.obs_rms = RunningMeanStd((state_dim(obs_space),))
+        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if image_spaces(obs_space) else None
+        features, act_dim = self.encoder.out_dim if self.encoder else state_dim(obs_space), act_space.shape[0]
+        self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
+        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
-    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.norm_obs:
-            return obs
-        obs = (obs - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()
-        return obs.clamp(-self.clip_obs, self.clip_obs).float()
+    def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
+        state = state_vector(obs)  # a plain observation tensor as it is
+        if self.norm_obs:
+            state = ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()).clamp(-self.clip_obs,
+                                                                                           self.clip_obs).float()
+        return state if self.encoder is None else self.encoder(obs, state)
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.normalize(obs)).squeeze(-1)
-
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(self.normalize(obs))
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.actor_mean(features)
         # validate_args=False: the argument check would cost a host sync on every call
         return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
+        """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
+        features = self.features(obs)
+        return self._dist(features), self.critic(features).squeeze(-1)
+
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
+        return self._dist(self.features(obs))
+
+    def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def make_agent(envs, args: Args) -> nn.Module:
     """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
     if args.policy is None:
-        return Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args)
-    return build_policy(args, envs, needs=("dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+        return Agent(envs.single_observation_space, envs.single_action_space, args)
+    return build_policy(args, envs, needs=("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
 
 
 def policy_step(agent: Agent, obs: torch.Tensor, generator: torch.Generator) -> TensorDict:
@@ -229,10 +274,9 @@ def compute_gae(
 
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Clipped-surrogate PPO loss on one minibatch; returns (loss, detached statistics)."""
-    dist = agent.dist(mb["obs"])
+    dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).sum(-1)
     entropy = dist.entropy().sum(-1).mean()
-    newvalue = agent.get_value(mb["obs"])
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
@@ -342,9 +386,10 @@ class Collector:
 
     def state(self) -> dict:
         """What a resume needs from this side; call only while paused."""
-        return {"next_index": self.next_index, "next_obs": self.next_obs, "generator": self.generator.get_state(),
-                "env_state": env_state_dict(self.envs), "snapshots": dict(self.snapshots),
-                "pending": [{**item, "data": item["data"].to_dict()} for item in list(self.rollouts.queue)]}
+        return {"next_index": self.next_index, "next_obs": saveable(self.next_obs),
+                "generator": self.generator.get_state(), "env_state": env_state_dict(self.envs),
+                "snapshots": dict(self.snapshots), "pending": [{**item, "data": item["data"].to_dict(),
+                "next_obs": saveable(item["next_obs"])} for item in list(self.rollouts.queue)]}
 
     # ---- collector thread ----
     def _run(self) -> None:
@@ -376,11 +421,11 @@ class Collector:
 
     def _collect(self, version: int) -> dict | None:
         args, device = self.args, self.next_obs.device
-        obs_dim, act_dim = self.next_obs.shape[-1], self.envs.single_action_space.shape[0]
-        data = rollout_storage(
+        obs_space, act_dim = self.envs.single_observation_space, self.envs.single_action_space.shape[0]
+        data = rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
             args.num_steps, args.num_envs, device,
-            obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32), logprob=((), torch.float32),
-            final_obs=((obs_dim,), torch.float32), reward=((), torch.float32), terminated=((), torch.bool),
+            obs=obs_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
+            final_obs=obs_space, reward=((), torch.float32), terminated=((), torch.bool),
             done=((), torch.bool), version=((), torch.long),
         )
         stats, watch, start = RolloutStats(device), NonFiniteWatch(args.num_envs, device), time.time()
@@ -391,11 +436,14 @@ class Collector:
             data["obs"][step] = self.next_obs
             data["action"][step], data["logprob"][step] = out["action"], out["logprob"]
             self.next_obs, reward, terminated, truncated, info = self.envs.step(out["action"])
-            data["final_obs"][step] = info["final_obs"]  # used only where the episode ended
-            data["reward"][step], data["terminated"][step] = reward, terminated
-            data["done"][step] = terminated | truncated
-            watch.update(step, self.next_obs, info["final_obs"], reward)
-            stats.add(info)
+            done = terminated | truncated
+            data["reward"][step], data["terminated"][step], data["done"][step] = reward, terminated, done
+            stats.add_reward_terms(info)
+            if device.type != "cpu" or done.any():  # what only finished episodes need (on the CPU, asking is free)
+                data["final_obs"][step] = info["final_obs"]  # read only where done
+                watch.update_final(step, info["final_obs"], done)
+                stats.add_episodes(info)
+        watch.update_rollout(data["obs"], self.next_obs, data["reward"])
         data["version"].fill_(version)  # every transition carries the policy version that produced it
         return {"index": self.next_index, "version": version, "data": data, "next_obs": self.next_obs,
                 "stats": stats, "watch": watch, "start": start, "end": time.time()}
@@ -416,7 +464,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    obs_dim, act_dim = flat_dim(eval_envs.single_observation_space), eval_envs.single_action_space.shape[0]
     if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
         fail(f"{path}: checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
              f"{obs_dim}/{act_dim}")
@@ -452,12 +500,13 @@ def main(args: Args) -> dict:
         cstate = ckpt["collector"]  # the collector stopped at a rollout boundary: continue from exactly there
         if cstate["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces
             load_env_state_dict(envs, cstate["env_state"])
-            next_obs = cstate["next_obs"].to(device)
+            next_obs = from_saved(cstate["next_obs"], device)
             reward_trace.copy_(ckpt["reward_trace"])
         generator.set_state(cstate["generator"])
     pending = []  # rollouts a resumed run had collected but not learned from
     for item in cstate["pending"] if cstate is not None else []:
         item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
+        item["next_obs"] = from_saved(item["next_obs"], device)
         pending.append({**item, "data": TensorDict(item["data"], batch_size=[args.num_steps, args.num_envs],
                                                    device=device)})
     collector = Collector(envs, inference_agent, args, num_iterations, next_obs,
@@ -502,9 +551,10 @@ def main(args: Args) -> dict:
                 else:
                     # ---- advantages with the current critic: V(next obs) in an episode, V(final_obs) at its end
                     with torch.no_grad():
-                        values = agent.get_value(data["obs"])
+                        value_of = lambda obs: agent.get_value(obs.flatten(0, 1)).view(obs.shape[:2])
+                        values = value_of(data["obs"])
                         next_values = torch.cat([values[1:], agent.get_value(item["next_obs"])[None]])
-                        next_values = torch.where(data["done"], agent.get_value(data["final_obs"]), next_values)
+                        next_values = torch.where(data["done"], value_of(data["final_obs"]), next_values)
                         advantages, returns = gae(rewards, values, next_values, data["terminated"], data["done"],
                                                   args.gamma, args.gae_lambda)
 
@@ -536,7 +586,7 @@ def main(args: Args) -> dict:
                             break
                     stats = torch.stack(update_stats).mean(0) if update_stats else stats
                     if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-                        agent.obs_rms.update(data["obs"])
+                        agent.obs_rms.update(state_vector(data["obs"], batch_dims=2))  # float entries only
                     version += 1
                 consumed, global_step = consumed + 1, global_step + batch_size  # the rollout is learned from
                 update_end = time.time()  # before publishing, so a waiting collector starts after it

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -43,6 +44,14 @@ from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.tensordict_helpers import (
+    flat_dim,
+    from_saved,
+    image_spaces,
+    saveable,
+    state_dim,
+    state_vector,
+)
 
 
 @dataclass
@@ -136,6 +145,8 @@ class RunningMeanStd(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor, world_size: int) -> None:
         """Merge the batches x of all ranks (a collective: every rank calls it and ends with the same bits)."""
+        if self.mean.numel() == 0:  # observations without float entries: nothing to track
+            return
         x = x.reshape(-1, *self.mean.shape).double()
         local = torch.cat([x.new_tensor([x.shape[0]]), x.mean(0).reshape(-1), x.var(0, unbiased=False).reshape(-1)])
         parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -149,7 +160,7 @@ class RunningMeanStd(nn.Module):
             self.count.copy_(total)
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -163,45 +174,78 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
-class Agent(nn.Module):
-    """Gaussian actor with a state-independent log-std, a separate critic, and the obs normalizer."""
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images: each uint8 image [3, H, W] (scaled to [0, 1]) through its own small
+    CNN (the NatureCNN layers of the CleanRL and ManiSkill pixel baselines; H, W >= 36), concatenated with the
+    (normalized) float entries. Actor and critic share it, so both losses train it."""
 
-    def __init__(self, obs_dim: int, act_dim: int, args: Args):
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            convs = nn.Sequential(
+                layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(nn.Sequential(convs, layer_init(nn.Linear(flat, features)), nn.ReLU()))
+        self.out_dim = features * len(self.keys) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
+        return torch.cat([*images, state], -1)
+
+
+class Agent(nn.Module):
+    """Gaussian actor with a state-independent log-std and a separate critic, on the normalized observation
+    (TensorDict observations: their float entries; images first go through the shared `PixelEncoder`)."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        self.obs_rms = RunningMeanStd((obs_dim,))
-        self.critic = mlp(obs_dim, args.hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(obs_dim, args.hidden_sizes, act_dim, out_std=0.01)
+        self.obs_rms = RunningMeanStd((state_dim(obs_space),))
+        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if image_spaces(obs_space) else None
+        features, act_dim = self.encoder.out_dim if self.encoder else state_dim(obs_space), act_space.shape[0]
+        self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
+        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
-    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.norm_obs:
-            return obs
-        obs = (obs - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()
-        return obs.clamp(-self.clip_obs, self.clip_obs).float()
+    def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
+        state = state_vector(obs)  # a plain observation tensor as it is
+        if self.norm_obs:
+            state = ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()).clamp(-self.clip_obs,
+                                                                                           self.clip_obs).float()
+        return state if self.encoder is None else self.encoder(obs, state)
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.normalize(obs)).squeeze(-1)
-
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(self.normalize(obs))
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.actor_mean(features)
         # validate_args=False: the argument check would cost a host sync on every call
         return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
+        """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
+        features = self.features(obs)
+        return self._dist(features), self.critic(features).squeeze(-1)
+
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
+        return self._dist(self.features(obs))
+
+    def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def make_agent(envs, args: Args) -> nn.Module:
     """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
     if args.policy is None:
-        return Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args)
-    return build_policy(args, envs, needs=("dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+        return Agent(envs.single_observation_space, envs.single_action_space, args)
+    return build_policy(args, envs, needs=("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
 
 
-def policy_step(agent: Agent, obs: torch.Tensor) -> TensorDict:
+def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample a raw (unclipped) Gaussian action; return it with its log-prob and V(obs)."""
-    dist = agent.dist(obs)
+    dist, value = agent(obs)
     action = dist.sample()
-    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), value=agent.get_value(obs),
-                      batch_size=obs.shape[:1])
+    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), value=value, batch_size=obs.shape[:1])
 
 
 def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
@@ -235,10 +279,9 @@ def compute_gae(
 
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Clipped-surrogate PPO loss on one minibatch; returns (loss, detached statistics)."""
-    dist = agent.dist(mb["obs"])
+    dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).sum(-1)
     entropy = dist.entropy().sum(-1).mean()
-    newvalue = agent.get_value(mb["obs"])
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
@@ -291,9 +334,9 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] % 2**31)
 
 
-def rank_state(envs, next_obs: torch.Tensor, reward_trace: torch.Tensor) -> dict:
+def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
-    return {"env_state": env_state_dict(envs), "next_obs": next_obs.cpu(), "reward_trace": reward_trace.cpu(),
+    return {"env_state": env_state_dict(envs), "next_obs": saveable(next_obs.cpu()), "reward_trace": reward_trace.cpu(),
             "rng": rng_state()}
 
 
@@ -325,7 +368,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
         else None
     envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
     if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
         fail(f"checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
              f"{obs_dim}/{act_dim}", show=rank == 0)
@@ -372,16 +415,16 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         if rank == 0:
             note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
-        if len(pieces) == world_size and pieces[rank]["next_obs"].shape[0] == args.num_envs:
+        if len(pieces) == world_size and from_saved(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
             piece = pieces[rank]
             if piece["env_state"] is not None:  # else the envs start fresh episodes, and so do the traces
                 load_env_state_dict(envs, piece["env_state"])
-                next_obs = piece["next_obs"].to(device)
+                next_obs = from_saved(piece["next_obs"], device)
                 reward_trace.copy_(piece["reward_trace"])
             set_rng_state(piece["rng"])
         else:
-            resume_note = (f" (checkpoint of {len(pieces)} rank(s) x {pieces[0]['next_obs'].shape[0]} envs: "
-                           "envs reset freshly)")
+            rows = from_saved(pieces[0]["next_obs"], "cpu").shape[0]
+            resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
     if rank == 0:
         logger.write(f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
                      f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
@@ -402,10 +445,11 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
 
     storage = rollout_storage(
         args.num_steps, args.num_envs, device,
-        obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32), logprob=((), torch.float32),
+        obs=envs.single_observation_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
         value=((), torch.float32), final_value=((), torch.float32), reward=((), torch.float32),
         terminated=((), torch.bool), done=((), torch.bool),
-    )
+    )  # TensorDict observations are stored as they come, uint8 images as uint8
+    cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     iteration, eval_result, checkpoint, skipped, consecutive_skips = start_iteration - 1, None, None, 0, 0
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, False
     start_time, start_step = time.time(), global_step
@@ -417,7 +461,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
 
-            # ---- rollout on this rank: no host sync and no collective inside this loop ----
+            # ---- rollout on this rank: no collective (and on a GPU no host sync) inside this loop ----
             rollout_stats = RolloutStats(device)
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
@@ -427,11 +471,14 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
                     next_obs, reward, terminated, truncated, info = envs.step(out["action"])
-                    storage["final_value"][step] = value_fn(info["final_obs"])  # used only where an episode ended
                     storage["reward"][step], storage["terminated"][step] = reward, terminated
-                    storage["done"][step] = terminated | truncated
-                    watch.update(step, next_obs, info["final_obs"], reward)
-                    rollout_stats.add(info)
+                    storage["done"][step] = done = terminated | truncated
+                    rollout_stats.add_reward_terms(info)
+                    if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
+                        storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                        watch.update_final(step, info["final_obs"], done)
+                        rollout_stats.add_episodes(info)
+                watch.update_rollout(storage["obs"], next_obs, storage["reward"])
                 # one all-reduce: episode statistics summed over ranks, and whether any rank saw non-finite data
                 summed = torch.cat([rollout_stats.sums, watch.seen()])
                 dist.all_reduce(summed)
@@ -481,7 +528,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                     if float(kl) / world_size > args.target_kl:
                         break
             if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-                agent.obs_rms.update(storage["obs"], world_size)
+                agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2), world_size)  # float entries only
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)

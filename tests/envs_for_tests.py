@@ -14,6 +14,10 @@ succeeds within about 10 steps, so a few hundred PPO steps already show learning
 ``PointReachDict-v0``: the same task with a ``Dict`` observation ``{"position", "offset"}`` (like
 gymnasium-robotics' goal-conditioned envs), for code paths that flatten dict observations.
 
+``PointReachPixels-v0``: the same task seen as ``{"position", "pixels"}``: ``pixels`` is a uint8 ``[3, 36, 36]``
+image of the square ``[-1, 1]^2`` (``dim`` 2 only) with the point in the red channel and the target in the
+green one, so the target is known from the image alone; for the image observation paths.
+
 Keyword arguments (``gym.make(..., **kwargs)``, ``make_env(..., **kwargs)``, ``--env-kwargs '{...}'``), so that
 other tests can inject faults:
 
@@ -34,7 +38,8 @@ import numpy as np
 
 __all__ = ["PointReach"]
 
-ENV_IDS = ("PointReach-v0", "PointReachDict-v0")
+ENV_IDS = ("PointReach-v0", "PointReachDict-v0", "PointReachPixels-v0")
+PIXELS = 36  # the smallest image the trainers' CNN takes
 CONSTRUCTED: list[dict] = []
 
 
@@ -43,7 +48,7 @@ class PointReach(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, dim: int = 2, dict_obs: bool = False, nan_obs_at_step: int | None = None,
+    def __init__(self, dim: int = 2, dict_obs: bool = False, pixels: bool = False, nan_obs_at_step: int | None = None,
                  raise_at_step: int | None = None, success_radius: float = 0.1, terminate_at_step: int | None = None,
                  nan_final_obs: bool = False, record: bool = False):
         if record:
@@ -51,12 +56,16 @@ class PointReach(gym.Env):
                                 "success_radius": success_radius, "terminate_at_step": terminate_at_step,
                                 "nan_final_obs": nan_final_obs})
         self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
+        self.pixels = bool(pixels)
         self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
         self.terminate_at_step, self.nan_final_obs = terminate_at_step, bool(nan_final_obs)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dim,), np.float32)
         box = gym.spaces.Box(-np.inf, np.inf, (self.dim,), np.float32)
         self.observation_space = (gym.spaces.Dict({"position": box, "offset": box}) if self.dict_obs
                                   else gym.spaces.Box(-np.inf, np.inf, (2 * self.dim,), np.float32))
+        if self.pixels:
+            image = gym.spaces.Box(0, 255, (3, PIXELS, PIXELS), np.uint8)
+            self.observation_space = gym.spaces.Dict({"position": box, "pixels": image})
         self.steps_taken = 0  # over the env's life, for nan_obs_at_step / raise_at_step
 
     def _obs(self, nan: bool = False):
@@ -64,6 +73,12 @@ class PointReach(gym.Env):
         offset = (self.target - self.position).astype(np.float32)
         if nan:
             position, offset = np.full_like(position, np.nan), np.full_like(offset, np.nan)
+        if self.pixels:
+            image = np.zeros((3, PIXELS, PIXELS), np.uint8)
+            for channel, (x, y) in ((0, self.position[:2]), (1, self.target[:2])):
+                col, row = (int(np.clip((v + 1) / 2 * PIXELS, 0, PIXELS - 1)) for v in (x, y))
+                image[channel, max(row - 2, 0):row + 3, max(col - 2, 0):col + 3] = 255
+            return {"position": position, "pixels": image}
         return {"position": position, "offset": offset} if self.dict_obs else np.concatenate([position, offset])
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -87,6 +102,11 @@ class PointReach(gym.Env):
         return self._obs(nan), -distance, terminated, False, {"success": success}
 
 
-for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True})):
+for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True}, {"pixels": True})):
     if _id not in gym.registry:  # importing twice (or reloading) must not re-register
         gym.register(_id, entry_point=PointReach, max_episode_steps=50, kwargs=_kwargs)
+
+
+def spaces(obs_dim: int, act_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """Observation and action Boxes of these sizes, for building a trainer's Agent directly."""
+    return gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32), gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32)

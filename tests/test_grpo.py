@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from cleanrl_embodied import grpo
 from cleanrl_embodied.grpo import Args, first_episode_mask, group_advantages, main, returns_to_go
 from cleanrl_embodied.shared import make_env
+from tests.envs_for_tests import spaces
 
 
 @pytest.fixture(autouse=True)
@@ -343,7 +344,7 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     """A ppo_continuous checkpoint (actor + critic) -> the reference policy and the initial policy."""
     from cleanrl_embodied import ppo_continuous as ppo
 
-    agent = ppo.Agent(31, 7, ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))
+    agent = ppo.Agent(*spaces(31, 7), ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))
     torch.nn.init.normal_(agent.actor_mean[-1].weight, std=0.3)  # not what a fresh init would give
     path = tmp_path / "ppo.pt"
     ppo_ckpt = {"script": "ppo_continuous", "model": agent.state_dict(), "obs_dim": 31, "act_dim": 7,

@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous as ppo
 from tests import envs_for_tests
+from tests.envs_for_tests import spaces
 
 SCRIPT = Path(ppo.__file__)
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"  # registered by a test module; its kwargs inject faults
@@ -182,7 +183,7 @@ def test_non_finite_final_observation_is_named_not_blamed_on_the_loss(tmp_path):
 def test_compiled_and_eager_first_update_agree(tmp_path):
     torch.manual_seed(0)
     args = tiny_args(tmp_path)
-    agent = ppo.Agent(31, 7, args)
+    agent = ppo.Agent(*spaces(31, 7), args)
     batch = TensorDict(obs=torch.randn(64, 31), action=torch.randn(64, 7), logprob=torch.randn(64) - 5,
                            value=torch.randn(64), advantages=torch.randn(64), returns=torch.randn(64),
                            batch_size=[64])

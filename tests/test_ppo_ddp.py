@@ -21,6 +21,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied import ppo_ddp as ddp
+from tests.envs_for_tests import spaces
 
 TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
             hidden_sizes=(32, 32), cuda=False)
@@ -32,7 +33,7 @@ def grad_problem(batch_size: int = 64) -> tuple[ddp.Agent, TensorDict, ddp.Args]
     normalization uses each rank's own minibatch, so only then is the union's gradient the exact average."""
     torch.manual_seed(0)
     args = ddp.Args(hidden_sizes=(32, 32), norm_adv=False, ent_coef=0.01, clip_vloss=True)
-    agent = ddp.Agent(31, 7, args)
+    agent = ddp.Agent(*spaces(31, 7), args)
     obs, action = torch.randn(batch_size, 31), torch.randn(batch_size, 7)
     with torch.no_grad():  # old log-probs near the current ones, so some ratios clip and some don't
         logprob = agent.dist(obs).log_prob(action).sum(-1) + 0.3 * torch.randn(batch_size)
@@ -96,7 +97,7 @@ def test_parameters_are_bit_identical_on_both_ranks_after_training(two_ranks):
     for key in m0:
         assert torch.equal(m0[key], m1[key]), key
     torch.manual_seed(RUN.get("seed", 1))
-    init = ddp.Agent(31, 7, ddp.Args(**RUN)).state_dict()
+    init = ddp.Agent(*spaces(31, 7), ddp.Args(**RUN)).state_dict()
     assert not torch.equal(init["actor_mean.0.weight"], m0["actor_mean.0.weight"])  # it did train
 
 

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_async, ppo_continuous, ppo_ddp
+from tests.envs_for_tests import spaces
 
 SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async}
 TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
@@ -41,7 +42,7 @@ def test_gae_and_loss_are_the_same_in_every_copy():
     for name, module in SCRIPTS.items():
         torch.manual_seed(0)
         args = module.Args(hidden_sizes=(16,), clip_vloss=True, ent_coef=0.01)
-        agent = module.Agent(5, 3, args)
+        agent = module.Agent(*spaces(5, 3), args)
         loss, stats = module.ppo_loss(agent, batch, args)
         loss.backward()
         results.append((name, loss.detach(), stats, [p.grad for p in agent.parameters()]))

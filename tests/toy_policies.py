@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -16,22 +17,34 @@ def _agent_class(args):
     return importlib.import_module(type(args).__module__).Agent
 
 
+def _with_hook(args, hook, obs_space, act_space):
+    """The trainer's Agent with ``hook(agent)`` called at every action-distribution call: ``dist`` (evaluation,
+    GRPO) and ``forward`` (the PPO trainers' rollout and loss); ``hook`` may replace the distribution."""
+
+    class Hooked(_agent_class(args)):
+        def dist(self, obs):
+            return hook(self, super().dist(obs))
+
+        def forward(self, obs):
+            dist, value = super().forward(obs)
+            return hook(self, dist), value
+
+    return Hooked(obs_space, act_space, args)
+
+
 def nan_loss_every(obs_space, act_space, args, every: int = 3):
     """An Agent whose every ``every``-th training forward (grad enabled) gives NaN action means, so that
     minibatch's loss is NaN; rollouts and evaluations (no grad) stay finite."""
+    calls = [0]
 
-    class NaNAgent(_agent_class(args)):
-        calls = 0
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] % every == 0:
+                return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
+        return d
 
-        def dist(self, obs):
-            d = super().dist(obs)
-            if torch.is_grad_enabled():
-                type(self).calls += 1
-                if type(self).calls % every == 0:
-                    return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
-            return d
-
-    return NaNAgent(obs_space.shape[0], act_space.shape[0], args)
+    return _with_hook(args, hook, obs_space, act_space)
 
 
 FAILED_ONCE: set[str] = set()
@@ -41,47 +54,42 @@ def fail_in_update(obs_space, act_space, args, at_call: int = 5, once: bool = Fa
     """An Agent that raises RuntimeError at its ``at_call``-th training forward (inside an update). With
     ``once``, only the first run of this process that reaches that call fails (later runs with the same
     --policy, e.g. a resume, which must name the same policy, train normally)."""
+    calls = [0]
 
-    class FailingAgent(_agent_class(args)):
-        calls = 0
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] == at_call and not (once and "fail_in_update" in FAILED_ONCE):
+                FAILED_ONCE.add("fail_in_update")
+                raise RuntimeError("injected failure inside the update")
+        return d
 
-        def dist(self, obs):
-            if torch.is_grad_enabled():
-                type(self).calls += 1
-                if type(self).calls == at_call and not (once and "fail_in_update" in FAILED_ONCE):
-                    FAILED_ONCE.add("fail_in_update")
-                    raise RuntimeError("injected failure inside the update")
-            return super().dist(obs)
-
-    return FailingAgent(obs_space.shape[0], act_space.shape[0], args)
+    return _with_hook(args, hook, obs_space, act_space)
 
 
 def sigint_in_update(obs_space, act_space, args, at_call: int = 5):
     """An Agent that sends Ctrl-C (SIGINT) to its own process at its ``at_call``-th training forward."""
+    calls = [0]
 
-    class InterruptingAgent(_agent_class(args)):
-        calls = 0
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] == at_call:
+                os.kill(os.getpid(), signal.SIGINT)
+        return d
 
-        def dist(self, obs):
-            if torch.is_grad_enabled():
-                type(self).calls += 1
-                if type(self).calls == at_call:
-                    os.kill(os.getpid(), signal.SIGINT)
-            return super().dist(obs)
-
-    return InterruptingAgent(obs_space.shape[0], act_space.shape[0], args)
+    return _with_hook(args, hook, obs_space, act_space)
 
 
 def slow(obs_space, act_space, args, rollout_ms: float = 0.0, update_ms: float = 0.0):
     """An Agent that sleeps ``rollout_ms`` per inference call (no grad) and ``update_ms`` per training
     forward: a stand-in for a large model's latency."""
 
-    class SlowAgent(_agent_class(args)):
-        def dist(self, obs):
-            time.sleep((update_ms if torch.is_grad_enabled() else rollout_ms) / 1000)
-            return super().dist(obs)
+    def hook(agent, d):
+        time.sleep((update_ms if torch.is_grad_enabled() else rollout_ms) / 1000)
+        return d
 
-    return SlowAgent(obs_space.shape[0], act_space.shape[0], args)
+    return _with_hook(args, hook, obs_space, act_space)
 
 
 RECORDS: list[tuple[str, bool, float]] = []
@@ -96,13 +104,10 @@ def recording(obs_space, act_space, args, rollout_ms: float = 0.0):
     """An Agent that records, at every action-distribution call, which thread called it, whether it was a
     training forward, and a fingerprint of the weights it acted with (into RECORDS)."""
 
-    class RecordingAgent(_agent_class(args)):
-        def dist(self, obs):
-            import threading
+    def hook(agent, d):
+        RECORDS.append((threading.current_thread().name, torch.is_grad_enabled(), fingerprint(agent)))
+        if not torch.is_grad_enabled():
+            time.sleep(rollout_ms / 1000)
+        return d
 
-            RECORDS.append((threading.current_thread().name, torch.is_grad_enabled(), fingerprint(self)))
-            if not torch.is_grad_enabled():
-                time.sleep(rollout_ms / 1000)
-            return super().dist(obs)
-
-    return RecordingAgent(obs_space.shape[0], act_space.shape[0], args)
+    return _with_hook(args, hook, obs_space, act_space)

@@ -535,8 +535,10 @@ class RolloutStats:
     """What the envs report during a rollout, summed on the device without host syncs: the finished
     episodes' return, length and success (``info["episode"]``) and the reward terms (``info["rewards"]``).
 
-    Call ``add(info)`` after every env step (``counted`` restricts which finished episodes count) and
-    ``scalars()`` once at the end: ``charts/episodic_return``, ``charts/episodic_length``,
+    After every env step call ``add_reward_terms(info)`` (nothing to do for envs without terms) and, at
+    least at the steps where an episode ended, ``add_episodes(info)`` (``counted`` restricts which finished
+    episodes count; at a step where none ended it adds zeros, so a trainer on the CPU may skip it then).
+    ``scalars()`` once at the end gives ``charts/episodic_return``, ``charts/episodic_length``,
     ``charts/success_rate`` (envs with a success signal only) when an episode finished, and
     ``rewards/<term>`` (mean per env step) when the env reports terms. ``sums`` is one flat tensor, so a
     data-parallel trainer can all-reduce it before ``scalars()``.
@@ -548,17 +550,21 @@ class RolloutStats:
         self.has_success = False
         self.env_steps = 0
 
-    def add(self, info: Mapping[str, Any], counted: torch.Tensor | None = None) -> None:
+    def add_episodes(self, info: Mapping[str, Any], counted: torch.Tensor | None = None) -> None:
         ended, ep = (info["_episode"] if counted is None else counted), info["episode"]
-        parts = [ended.sum().float()] + [torch.where(ended, ep[k].float(), 0.0).sum() for k in ("r", "l", "success")]
-        rewards = info.get("rewards", {})
-        if rewards and not self.terms:
+        values = torch.stack([torch.ones_like(ep["r"]), ep["r"], ep["l"].float(), ep["success"].float()])
+        self.sums[:4] += torch.where(ended, values, 0.0).sum(-1)
+        self.has_success = self.has_success or "success" in info
+
+    def add_reward_terms(self, info: Mapping[str, Any]) -> None:
+        rewards = info.get("rewards")
+        if not rewards:
+            return
+        if not self.terms:
             self.terms = list(rewards)
             self.sums = torch.cat([self.sums, self.sums.new_zeros(len(self.terms))])
-        parts += [rewards[k].float().sum() for k in self.terms]
-        self.sums += torch.stack(parts)
-        self.has_success = self.has_success or "success" in info
-        self.env_steps += ended.numel()
+        self.sums[4:] += torch.stack([rewards[k].float().sum() for k in self.terms])
+        self.env_steps += next(iter(rewards.values())).numel()
 
     def scalars(self) -> dict[str, torch.Tensor]:
         """CleanRL-named means (tensors: RunLogger.log fetches them with one transfer). One host sync."""

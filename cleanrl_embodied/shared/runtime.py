@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from cleanrl_embodied.shared.cli import fail
+from cleanrl_embodied.shared.tensordict_helpers import finite_rows
 
 __all__ = ["NonFiniteWatch", "StopFlag", "pick_device", "seed_everything"]
 
@@ -59,16 +61,32 @@ class StopFlag:
 
 class NonFiniteWatch:
     """Remembers, on the device and without host syncs, the first rollout step at which each env produced a
-    non-finite observation (the next obs or, where an episode ended, its final obs) or reward. After the
-    rollout, ``check`` stops the run with one line naming the tensor, the envs and the global step."""
+    non-finite observation (a next obs or, where an episode ended, its final obs) or reward. Only float entries
+    count (uint8 images are always finite). ``update_final`` runs at the steps where an episode ended,
+    ``update_rollout`` once after the rollout over everything stored; then ``check`` stops the run with one
+    line naming the tensor, the envs and the global step."""
 
     def __init__(self, num_envs: int, device: torch.device | str):
         self.first = torch.full((2, num_envs), -1, dtype=torch.long, device=device)  # observation, reward
 
-    def update(self, step: int, obs: torch.Tensor, final_obs: torch.Tensor, reward: torch.Tensor) -> None:
-        obs_ok = torch.isfinite(obs).flatten(1).all(-1) & torch.isfinite(final_obs).flatten(1).all(-1)
-        bad = torch.stack([~obs_ok, ~torch.isfinite(reward)])
-        self.first = torch.where((self.first < 0) & bad, step, self.first)
+    def _note(self, kind: int, step: torch.Tensor | int, bad: torch.Tensor) -> None:
+        """Record ``step`` [N] (or one int) for the envs where ``bad`` [N], unless an earlier step is recorded."""
+        first = self.first[kind]
+        self.first[kind] = torch.where(bad & ((first < 0) | (first > step)), step, first)
+
+    def update_final(self, step: int, final_obs: torch.Tensor | TensorDict, done: torch.Tensor) -> None:
+        """The final observations of the envs whose episode ended (``done``) at rollout step ``step``."""
+        self._note(0, step, done & ~finite_rows(final_obs))
+
+    def update_rollout(self, obs: torch.Tensor | TensorDict, last_obs: torch.Tensor | TensorDict,
+                       rewards: torch.Tensor) -> None:
+        """After a rollout of T steps: ``obs`` [T, N, ...] as stored (``obs[t]`` is what action t saw, so
+        ``obs[0]`` came before the rollout: step -1), ``last_obs`` the obs after the last step, ``rewards`` [T, N]."""
+        steps = torch.arange(-1, rewards.shape[0], device=rewards.device)
+        bad_obs = ~torch.cat([finite_rows(obs, batch_dims=2), finite_rows(last_obs)[None]])  # [T + 1, N]
+        for kind, bad, at in ((0, bad_obs, steps), (1, ~torch.isfinite(rewards), steps[1:])):
+            first_bad = torch.where(bad, at[:, None], rewards.shape[0]).min(0).values
+            self._note(kind, first_bad, first_bad < rewards.shape[0])
 
     def seen(self) -> torch.Tensor:
         """[2] float: 1 where some env produced a non-finite observation / reward (for an all-reduce)."""

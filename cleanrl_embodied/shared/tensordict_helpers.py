@@ -1,4 +1,4 @@
-"""TensorDict helpers: flattening dict observations and preallocated rollout storage.
+"""TensorDict helpers: flattening dict observations, image leaves, finite checks and preallocated rollout storage.
 
 Everything here is a pure function over tensors/TensorDicts, so a trainer can wrap its
 own code with torch.compile or CUDA graphs without these helpers getting in the way.
@@ -38,6 +38,70 @@ def flatten_obs(obs: TensorDict | Mapping | torch.Tensor, batch_dims: int = 1) -
     return torch.cat(leaves, dim=-1)
 
 
+def is_image(x: torch.Tensor | gym.spaces.Box, batch_dims: int = 0) -> bool:
+    """Whether an observation leaf (a tensor with ``batch_dims`` leading batch dimensions, or a Box) is an image:
+    uint8 with three dimensions [C, H, W] past the batch dimensions."""
+    dtype = x.dtype if isinstance(x, torch.Tensor) else torch.from_numpy(np.zeros((), x.dtype)).dtype
+    return dtype == torch.uint8 and len(x.shape) - batch_dims == 3
+
+
+def image_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], gym.spaces.Box]:
+    """{key path: Box} of the image leaves of a (nested) Dict observation space, in sorted key order; {} for a Box."""
+    if not isinstance(space, gym.spaces.Dict):
+        return {prefix: space} if prefix and is_image(space) else {}
+    leaves = {key: box for name, sub in space.spaces.items() for key, box in image_spaces(sub, (*prefix, name)).items()}
+    return dict(sorted(leaves.items()))
+
+
+def state_dim(space: gym.Space) -> int:
+    """Size of :func:`state_vector` for observations of ``space``: all entries that are not images."""
+    return flat_dim(space) - sum(int(np.prod(box.shape)) for box in image_spaces(space).values())
+
+
+def state_vector(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor | None:
+    """The float part of an observation as one float32 vector per row: a plain tensor as it is, a TensorDict's
+    non-image leaves concatenated in sorted key order (:func:`flatten_obs`'s order); None if it has none.
+    This is what observation normalization sees: images are never normalized."""
+    if isinstance(obs, torch.Tensor):
+        return obs
+    leaves = [obs.get(key) for key in sorted_leaf_keys(obs)]
+    leaves = [leaf.reshape(*leaf.shape[:batch_dims], -1).float() for leaf in leaves if not is_image(leaf, batch_dims)]
+    return torch.cat(leaves, dim=-1) if leaves else None
+
+
+def finite_rows(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
+    """bool, shaped like the first ``batch_dims`` dimensions: rows whose every float entry is finite (integer
+    leaves such as uint8 images always are)."""
+    leaves = [obs] if isinstance(obs, torch.Tensor) else [obs.get(key) for key in sorted_leaf_keys(obs)]
+    ok = torch.ones(obs.shape[:batch_dims], dtype=torch.bool, device=obs.device)
+    for leaf in leaves:
+        if leaf.is_floating_point():
+            ok = ok & torch.isfinite(leaf.reshape(*leaf.shape[:batch_dims], -1)).all(-1)
+    return ok
+
+
+def zeros_like_space(space: gym.Space, batch_shape: tuple[int, ...], device) -> torch.Tensor | TensorDict:
+    """Zeros shaped like ``batch_shape`` observations of ``space``, in its dtypes (uint8 images stay uint8): a
+    tensor for a Box, a TensorDict of the same nesting for a Dict."""
+    if isinstance(space, gym.spaces.Dict):
+        return TensorDict({key: zeros_like_space(sub, batch_shape, device) for key, sub in space.spaces.items()},
+                          batch_size=batch_shape, device=device)
+    dtype = torch.from_numpy(np.zeros((), space.dtype)).dtype
+    return torch.zeros((*batch_shape, *space.shape), dtype=dtype, device=device)
+
+
+def saveable(obs: TensorDict | torch.Tensor) -> dict | torch.Tensor:
+    """An observation as what ``torch.load(weights_only=True)`` reads back: a TensorDict becomes nested dicts."""
+    return obs.to_dict() if isinstance(obs, TensorDict) else obs
+
+
+def from_saved(value: dict | torch.Tensor, device: torch.device | str) -> TensorDict | torch.Tensor:
+    """Undo :func:`saveable` (batch size: the first dimension), on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return TensorDict(value, device=device).auto_batch_size_(batch_dims=1)
+
+
 def flat_dim(space: gym.Space) -> int:
     """Size of one observation of ``space`` after :func:`flatten_obs` (Box or nested Dict of Boxes)."""
     if isinstance(space, gym.spaces.Dict):
@@ -48,16 +112,19 @@ def flat_dim(space: gym.Space) -> int:
 
 
 def rollout_storage(
-    num_steps: int, num_envs: int, device: torch.device | str, **fields: tuple[tuple[int, ...], torch.dtype]
+    num_steps: int, num_envs: int, device: torch.device | str,
+    **fields: tuple[tuple[int, ...], torch.dtype] | gym.Space,
 ) -> TensorDict:
-    """Preallocate a [num_steps, num_envs] TensorDict with one zero tensor per field.
+    """Preallocate a [num_steps, num_envs] TensorDict with zeros per field: ``(shape, dtype)``, or a Gymnasium
+    space (a Box, or a Dict that becomes a nested TensorDict with each leaf in its own dtype).
 
-    Example: ``rollout_storage(T, N, dev, obs=((obs_dim,), torch.float32), done=((), torch.bool))``.
+    Example: ``rollout_storage(T, N, dev, obs=envs.single_observation_space, done=((), torch.bool))``.
     """
+    batch = (num_steps, num_envs)
     return TensorDict(
-        {name: torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
-         for name, (shape, dtype) in fields.items()},
-        batch_size=[num_steps, num_envs],
+        {name: zeros_like_space(spec, batch, device) if isinstance(spec, gym.Space)
+         else torch.zeros((*batch, *spec[0]), dtype=spec[1], device=device) for name, spec in fields.items()},
+        batch_size=batch,
         device=device,
     )
 

@@ -36,6 +36,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
     FlattenDictObservation,
     IntervalRandomization,
     SafeRender,
+    flattens,
     numpy_vector_to_torch,
 )
 
@@ -125,6 +126,7 @@ def make_env(
     device: torch.device | str = "cpu",
     seed: int | None = None,
     vectorization: str = "sync",
+    flatten_obs: bool | None = None,
     **env_kwargs,
 ) -> VectorEnv:
     """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``.
@@ -136,6 +138,9 @@ def make_env(
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
     ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``).
+    ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
+    (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
+    (a uint8 ``[3, H, W]`` leaf): state stays a vector, pixels stay pixels.
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
     """
@@ -149,14 +154,15 @@ def make_env(
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     if env_id == "PushCubeRL":
         env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
-        if isinstance(env.single_observation_space, gym.spaces.Dict):
+        if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     elif is_maniskill_id(env_id):
         from cleanrl_embodied.shared.envs.maniskill import make_maniskill_env
 
-        env = make_maniskill_env(env_id, num_envs, device, seed, vectorization=vectorization, **env_kwargs)
+        env = make_maniskill_env(env_id, num_envs, device, seed, vectorization=vectorization,
+                                 flatten_obs=flatten_obs, **env_kwargs)
     else:
-        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, **env_kwargs)
+        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, **env_kwargs)
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
@@ -202,7 +208,7 @@ def _offers_rgb_array(env_id: str) -> bool:
 
 
 def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, vectorization: str,
-                        **env_kwargs) -> VectorEnv:
+                        flatten_obs: bool | None, **env_kwargs) -> VectorEnv:
     """A registered numpy Gymnasium id -> the torch env contract."""
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
         env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
@@ -223,4 +229,4 @@ def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, ve
         ) from None
     if env_kwargs.get("max_episode_steps") and env.spec is not None:  # make_vec keeps the registered limit
         env.spec = dataclasses.replace(env.spec, max_episode_steps=int(env_kwargs["max_episode_steps"]))
-    return numpy_vector_to_torch(env, device=device, seed=seed)
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)

@@ -47,6 +47,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
     SafeRender,
     _float32_space,
     env_name,
+    flattens,
     numpy_vector_to_torch,
 )
 
@@ -173,6 +174,25 @@ def _render_free_sapien() -> None:
                 setattr(module, attr, _InertRenderRecord)
 
 
+def _is_hwc_image(x) -> bool:
+    """A batch of camera images as ManiSkill gives them: uint8 [N, H, W, C] (a tensor) or uint8 [H, W, C] (a Box)."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype == torch.uint8 and x.dim() == 4
+    return isinstance(x, gym.spaces.Box) and x.dtype == np.uint8 and len(x.shape) == 3
+
+
+def _contract_space(space: gym.Space) -> gym.Space:
+    """ManiSkill's observation space as this adapter's outputs: uint8 HWC images -> uint8 CHW Boxes, the rest
+    float32; ``sensor_param`` (the cameras' constant matrices) dropped."""
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict([(key, _contract_space(sub)) for key, sub in space.spaces.items()
+                                if key != "sensor_param"])
+    if isinstance(space, gym.spaces.Box) and _is_hwc_image(space):
+        height, width, channels = space.shape
+        return gym.spaces.Box(0, 255, (channels, height, width), np.uint8)
+    return _float32_space(space)
+
+
 # ---- the GPU path: ManiSkillVectorEnv -> contract ---------------------------------------------------------
 class ManiSkillToTorch(RenderFirstEnv):
     """A ManiSkill-style torch vector env seen through the torch env contract.
@@ -209,14 +229,17 @@ class ManiSkillToTorch(RenderFirstEnv):
         if self._rescale:
             self.single_action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
             self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.single_observation_space = _float32_space(env.single_observation_space)
+        self.single_observation_space = _contract_space(env.single_observation_space)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
 
     # ---- conversions -------------------------------------------------------------------------------
     def _obs(self, obs) -> torch.Tensor | TensorDict:
-        if isinstance(obs, dict):
-            return TensorDict(obs, batch_size=[self.num_envs]).to(self.device, dtype=torch.float32)
-        return torch.as_tensor(obs).to(self.device, dtype=torch.float32)
+        if not isinstance(obs, dict):
+            return torch.as_tensor(obs).to(self.device, dtype=torch.float32)
+        obs = {key: value for key, value in obs.items() if key != "sensor_param"}  # constant camera matrices
+        td = TensorDict(obs, batch_size=[self.num_envs]).to(self.device)
+        # camera images [N, H, W, C] uint8 -> [N, C, H, W] uint8 (the contract's image layout); the rest float32
+        return td.apply(lambda x: x.permute(0, 3, 1, 2).contiguous() if _is_hwc_image(x) else x.float())
 
     def _info(self, info: dict) -> dict:
         """``[N]`` numeric/bool tensors of a step info (float64 -> float32, ``success`` -> bool); the rest dropped."""
@@ -265,10 +288,12 @@ class ManiSkillToTorch(RenderFirstEnv):
         return obs_t, reward, terminated, truncated, out
 
 
-def maniskill_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None):
-    """A ManiSkillVectorEnv-like env -> :class:`ManiSkillToTorch` (+ flatten for Dict obs) + episode statistics."""
+def maniskill_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
+                              flatten_obs: bool | None = None):
+    """A ManiSkillVectorEnv-like env -> :class:`ManiSkillToTorch` (+ flatten for Dict obs, see ``flattens``) +
+    episode statistics."""
     env = ManiSkillToTorch(env, device=device, seed=seed)
-    if isinstance(env.single_observation_space, gym.spaces.Dict):
+    if flattens(env.single_observation_space, flatten_obs):
         env = FlattenDictObservation(env)
     return EpisodeStatistics(env)
 
@@ -286,7 +311,7 @@ def _cpu_sub_env(env_id: str, kwargs: dict, ignore_terminations: bool, render_fr
 
 
 def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                       vectorization: str = "sync", **env_kwargs) -> VectorEnv:
+                       vectorization: str = "sync", flatten_obs: bool | None = None, **env_kwargs) -> VectorEnv:
     """``num_envs`` copies of a ManiSkill id behind the torch env contract (see the module docstring)."""
     _import_maniskill()
     ignore_terminations = bool(env_kwargs.pop("ignore_terminations", False))
@@ -296,6 +321,9 @@ def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = 
     gpu_sim = kwargs["sim_backend"] not in ("cpu", "physx_cpu")
 
     render_free = not sapien_can_render()
+    if render_free and any(mode in str(kwargs["obs_mode"]) for mode in ("rgb", "depth", "segmentation")):
+        raise ValueError(f"--env-id {env_id}: obs_mode={kwargs['obs_mode']!r} renders camera images, and this "
+                         "machine has no rendering device (SAPIEN found no Vulkan GPU); use obs_mode='state' here")
     if render_free:
         _render_free_sapien()
         kwargs.update(render_backend="none", render_mode=None)
@@ -308,12 +336,12 @@ def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = 
         env = ManiSkillVectorEnv(gym.make(env_id, num_envs=num_envs, **kwargs), auto_reset=True,
                                  ignore_terminations=ignore_terminations, record_metrics=False)
         _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
-        return maniskill_vector_to_torch(env, device=device, seed=seed)
+        return maniskill_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)
     make_one = functools.partial(_cpu_sub_env, env_id, kwargs, ignore_terminations, render_free)
     vector_cls = SyncVectorEnv if vectorization == "sync" else AsyncVectorEnv
     env = vector_cls([make_one] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
     _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
-    return numpy_vector_to_torch(env, device=device, seed=seed)
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)
 
 
 def _declare_time_limit(env: VectorEnv, env_id: str, max_episode_steps: int | None) -> None:

@@ -26,7 +26,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gymnasium.wrappers.vector import RescaleAction, TransformAction
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, image_spaces, is_image
 
 
 class EpisodeStatistics(VectorWrapper):
@@ -218,9 +218,11 @@ class RenderFirstEnv(VectorWrapper):
 
 
 def _float32_space(space: gym.Space) -> gym.Space:
-    """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype)."""
+    """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype); images (uint8
+    [C, H, W] leaves of a Dict) stay uint8."""
     if isinstance(space, gym.spaces.Dict):
-        return gym.spaces.Dict([(key, _float32_space(sub)) for key, sub in space.spaces.items()])  # keep order
+        return gym.spaces.Dict([(key, sub if is_image(sub) else _float32_space(sub))
+                                for key, sub in space.spaces.items()])  # keep order
     if isinstance(space, gym.spaces.Box):
         with np.errstate(over="ignore"):
             low, high = space.low.astype(np.float32), space.high.astype(np.float32)
@@ -288,7 +290,8 @@ class GymnasiumToTorch(RenderFirstEnv):
     def _obs_dict_to_torch(self, obs: dict) -> dict:
         return {
             key: self._obs_dict_to_torch(value) if isinstance(value, dict)
-            else torch.as_tensor(value, dtype=torch.float32, device=self.device)
+            else torch.as_tensor(value, dtype=torch.uint8 if value.dtype == np.uint8 and value.ndim == 4
+                                 else torch.float32, device=self.device)
             for key, value in obs.items()
         }
 
@@ -403,15 +406,26 @@ class GymnasiumToTorch(RenderFirstEnv):
         )
 
 
-def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None) -> VectorEnv:
+def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
+    """Whether observations of ``space`` get flattened: Dict spaces when ``flatten_obs`` is True, or when it is
+    None (the default) and they hold no image (a uint8 ``[C, H, W]`` leaf); never a Box."""
+    if flatten_obs not in (None, True, False):
+        raise ValueError(f"flatten_obs must be true, false or null (flatten unless there are images), got "
+                         f"{flatten_obs!r}")
+    wanted = not image_spaces(space) if flatten_obs is None else flatten_obs
+    return wanted and isinstance(space, gym.spaces.Dict)
+
+
+def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
+                          flatten_obs: bool | None = None) -> VectorEnv:
     """A numpy vector env (SAME_STEP autoreset, Box actions) -> the torch env contract.
 
     Actions are clipped to the env's bounds (innermost, so the env never sees an out-of-bound action, rounding
     included), then ``RescaleAction`` maps the policy's [-1, 1] onto those bounds (unbounded actions keep the
     env's own scale). Gymnasium's ``ClipAction`` would do the clip but declares an infinite action space, after
     which ``RescaleAction`` can't be applied; ``TransformAction`` keeps the space. Then :class:`GymnasiumToTorch`,
-    :class:`FlattenDictObservation` for Dict observations and :class:`EpisodeStatistics`. A non-Box action
-    space raises a one-line ValueError (and closes ``env``).
+    :class:`FlattenDictObservation` for Dict observations (see :func:`flattens`) and :class:`EpisodeStatistics`.
+    A non-Box action space raises a one-line ValueError (and closes ``env``).
     """
     try:
         space = env.single_action_space
@@ -426,7 +440,7 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
             ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
             env = RescaleAction(env, min_action=-ones, max_action=ones)
         env = GymnasiumToTorch(env, device=device, seed=seed)
-        if isinstance(env.single_observation_space, gym.spaces.Dict):
+        if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     except ValueError:
         env.close()

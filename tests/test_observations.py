@@ -1,0 +1,145 @@
+"""TensorDict observations end to end: make_env keeps them (flatten_obs), rollout storage holds them in their
+dtypes, normalization sees float entries only, the pixel encoder, non-finite checks, checkpoints and resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from cleanrl_embodied import grpo, ppo_async
+from cleanrl_embodied import ppo_continuous as ppo
+from cleanrl_embodied.shared import make_env, rollout_storage
+from cleanrl_embodied.shared.runtime import NonFiniteWatch
+from cleanrl_embodied.shared.tensordict_helpers import finite_rows, image_spaces, state_dim, state_vector
+from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
+
+PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
+PIXEL_SPACE = gym.spaces.Dict({
+    "state": gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32), "b": gym.spaces.Box(-1, 1, (3,))}),
+    "rgb": gym.spaces.Box(0, 255, (3, 36, 40), np.uint8),
+})
+
+
+def test_rollout_storage_holds_nested_observations_in_their_dtypes():
+    storage = rollout_storage(4, 5, "cpu", obs=PIXEL_SPACE, done=((), torch.bool))
+    assert storage["obs", "rgb"].shape == (4, 5, 3, 36, 40) and storage["obs", "rgb"].dtype == torch.uint8
+    assert storage["obs", "state", "a"].dtype == torch.float32 and storage["obs", "state", "b"].shape == (4, 5, 3)
+    assert storage["obs", "state", "b"].dtype == torch.float32  # the Box's float32 default
+    batch = storage.reshape(-1)[torch.tensor([0, 7])]
+    assert batch["obs", "rgb"].shape == (2, 3, 36, 40) and batch["obs", "rgb"].dtype == torch.uint8
+
+
+def test_state_vector_normalizes_nothing_but_float_entries():
+    obs = TensorDict({"rgb": torch.full((2, 3, 36, 40), 200, dtype=torch.uint8),
+                      "state": {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.zeros(2, 3)}}, batch_size=[2])
+    assert list(image_spaces(PIXEL_SPACE)) == [("rgb",)] and state_dim(PIXEL_SPACE) == 5
+    assert torch.equal(state_vector(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
+    plain = torch.randn(4, 6)
+    assert state_vector(plain) is plain
+    obs["state", "b"][1, 2] = float("inf")
+    assert finite_rows(obs).tolist() == [True, False]
+    assert finite_rows(obs[None].expand(3, 2), batch_dims=2).tolist() == [[True, False]] * 3
+
+
+def test_make_env_keeps_tensordicts_when_asked_and_flattens_state_by_default():
+    flat = make_env("PushCubeRL", num_envs=3, seed=0, obs_mode="dict")
+    nested = make_env("PushCubeRL", num_envs=3, seed=0, obs_mode="dict", flatten_obs=False)
+    obs_flat, _ = flat.reset(seed=0)
+    obs_nested, _ = nested.reset(seed=0)
+    assert isinstance(obs_flat, torch.Tensor) and isinstance(obs_nested, TensorDict)
+    assert isinstance(nested.single_observation_space, gym.spaces.Dict)
+    assert torch.equal(state_vector(obs_nested), obs_flat)  # flattening = the sorted float leaves
+    action = torch.zeros(3, 7)
+    for _ in range(60):  # past the 50-step time limit: final_obs keeps the structure too
+        _, _, _, truncated, info = nested.step(action)
+        if truncated.any():
+            break
+    assert truncated.all() and isinstance(info["final_obs"], TensorDict)
+    assert info["final_obs"].keys() == obs_nested.keys()
+
+
+def test_image_observations_stay_tensordicts_of_uint8_by_default():
+    env = make_env(PIXELS_ID, num_envs=2, seed=0)
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, TensorDict) and obs["pixels"].dtype == torch.uint8 and obs["pixels"].shape == (2, 3, 36, 36)
+    assert obs["position"].dtype == torch.float32
+    assert (obs["pixels"][:, 1] == 255).any()  # the target is drawn
+    forced = make_env(PIXELS_ID, num_envs=2, seed=0, flatten_obs=True)
+    assert forced.reset(seed=0)[0].shape == (2, 2 + 3 * 36 * 36)
+    with pytest.raises(ValueError, match="flatten_obs") as e:
+        make_env(PIXELS_ID, num_envs=2, flatten_obs="yes")
+    assert "\n" not in str(e.value)
+
+
+def test_pixel_agent_encodes_images_and_normalizes_only_the_state():
+    args = ppo.Args(norm_obs=True, hidden_sizes=(16,))
+    agent = ppo.Agent(PIXEL_SPACE, gym.spaces.Box(-1, 1, (4,)), args)
+    assert agent.obs_rms.mean.shape == (5,) and agent.encoder is not None
+    obs = TensorDict({"rgb": torch.zeros(3, 3, 36, 40, dtype=torch.uint8),
+                      "state": {"a": torch.zeros(3, 2), "b": torch.zeros(3, 3)}}, batch_size=[3])
+    dist, value = agent(obs)
+    assert dist.mean.shape == (3, 4) and value.shape == (3,)
+    assert torch.equal(value, agent.get_value(obs)) and torch.equal(dist.mean, agent.dist(obs).mean)
+    obs["rgb"][1] = 255  # only row 1 sees another image: only its value changes
+    changed = agent.get_value(obs) != value
+    assert changed.tolist() == [False, True, False]
+
+
+def test_non_finite_watch_names_the_first_step_and_ignores_images():
+    watch = NonFiniteWatch(3, "cpu")
+    obs = TensorDict({"rgb": torch.zeros(4, 3, 3, 36, 36, dtype=torch.uint8), "x": torch.zeros(4, 3, 2)}, [4, 3])
+    obs["x"][2, 1, 0] = float("nan")  # seen by action 2: produced by step 1
+    last = TensorDict({"rgb": torch.zeros(3, 3, 36, 36, dtype=torch.uint8), "x": torch.zeros(3, 2)}, [3])
+    last["x"][2] = float("inf")  # produced by the last step, 3
+    rewards = torch.zeros(4, 3)
+    rewards[0, 0] = float("nan")
+    watch.update_final(2, last, torch.tensor([False, True, False]))  # a later step for env 1: the earlier one wins
+    watch.update_rollout(obs, last, rewards)
+    assert watch.first.tolist() == [[-1, 1, 3], [0, -1, -1]]
+
+
+def tiny(tmp_path: Path, module=ppo, **overrides):
+    settings = dict(env_id=PIXELS_ID, num_envs=4, num_steps=8, total_timesteps=96, num_minibatches=2,
+                    update_epochs=1, hidden_sizes=(16,), num_eval_envs=2, num_eval_episodes=2, eval_freq=0,
+                    save_freq=1, output_dir=str(tmp_path), norm_obs=True, seed=3)
+    settings.update(overrides)
+    return module.Args(**settings)
+
+
+@pytest.mark.parametrize("module", [ppo, ppo_async], ids=["ppo_continuous", "ppo_async"])
+def test_pixel_ppo_runs_saves_and_evaluates(tmp_path, module):
+    result = module.main(tiny(tmp_path / "a", module))
+    last = Path(result["run_dir"]) / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["model"]["obs_rms.mean"].shape == (2,)  # the position only, never the pixels
+    assert any(key.startswith("encoder.cnns.0.") for key in ckpt["model"])
+    assert (ckpt["model"]["obs_rms.count"] > 90).item()  # updated from the rollouts
+    evaluated = module.main(tiny(tmp_path / "b", module, eval_checkpoint=str(last)))
+    assert evaluated["global_step"] == 96 and np.isfinite(evaluated["eval"]["episodic_return"])
+
+
+def test_tensordict_observations_resume_bit_identically(tmp_path):
+    common = dict(env_id="PushCubeRL", env_kwargs='{"obs_mode": "dict", "flatten_obs": false}',
+                  eval_env_kwargs='{"obs_mode": "dict", "flatten_obs": false}', total_timesteps=4 * 8 * 6,
+                  save_freq=3, torch_deterministic=True, norm_reward=True)
+    straight = ppo.main(tiny(tmp_path / "a", **common))
+    half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
+    assert isinstance(torch.load(half, weights_only=True)["next_obs"], dict)
+    resumed = ppo.main(tiny(tmp_path / "b", resume=str(half), **common))
+    a = torch.load(Path(straight["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(Path(resumed["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_grpo_builtin_actor_refuses_image_observations_in_one_line(tmp_path):
+    args = grpo.Args(env_id=PIXELS_ID, num_envs=4, group_size=2, output_dir=str(tmp_path), num_eval_envs=2,
+                     num_eval_episodes=2)
+    with pytest.raises(SystemExit) as e:
+        grpo.main(args)
+    assert "--policy" in str(e.value.code) and "\n" not in str(e.value.code)
