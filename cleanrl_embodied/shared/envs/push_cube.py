@@ -159,20 +159,22 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]} (``image_size``, default 64 x 64);
     ``info["final_obs"]`` has the same structure. Observation noise applies to the state only.
 
-    Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y),
-    cropped to the square around the cube spawn square and the goals it implies (the cube spawn square
-    shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest cube, the push point
-    behind it and ``OBS_VIEW_MARGIN``: with the defaults x in [-0.155, 0.355], y in [-0.255, 0.255] m,
-    8 mm per pixel at 64 x 64 (the cube is 5 pixels wide). It is drawn as a height map: every primitive
-    writes the pixels it covers where it is higher than what is there (one scatter-max of height|material
-    keys), so no per-env draw order is needed. Shown: the table (grey), the goal region (light green disk of
-    ``goal_radius``) with its centre (dark green), the cube's top face (blue), the TCP (a disk on top of
-    everything, red at the table through orange to yellow at 0.25 m: its height in 32 levels), the TCP's
-    shadow (a darker disk on the table or the cube top, offset toward -y by half the TCP's height above that
-    surface, so it touches the TCP exactly when the TCP is down) and the arm links (see-through grey, lighter
-    when higher). The arm's shoulder and base lie outside the view. Everything is drawn in small pixel tiles
-    around each primitive (links: a chain of disks), so the cost is a few passes over the image plus a few
-    hundred pixels per env.
+    Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y), cropped
+    to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and the goals it
+    implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest cube's
+    push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
+    y in [-0.265, 0.265] m, 8.3 mm per pixel at 64 x 64, so the cube is about 5 pixels wide. The scene is a
+    height map: every primitive writes the pixels it covers where it is higher than what is there (one
+    scatter-max of height|material keys per primitive), so the draw order needs no per-env sorting. Shown: the
+    table (grey), the goal region (light green disk of ``goal_radius``) and its centre (dark green), the cube's
+    top face (blue, turned by its yaw), the TCP (a disk on top of everything, coloured by its height: red at the
+    table through orange to yellow at 0.25 m and above, 32 levels), the TCP's shadow (a dark disk on the table
+    or the cube top, shifted toward -y by half the TCP's height above that surface, so it touches the TCP only
+    when the TCP is down) and the arm links (see-through grey bands 2 pixels wide, lighter when higher; the
+    shoulder and the base lie outside the view). Every primitive is drawn in a small tile of pixels around it
+    (the links as 2 x 2 pixel blocks one pixel apart), so an image costs a few passes over its pixels plus a
+    few hundred pixels of drawing per env. A step draws the images twice (the final state and, after the
+    autoreset, the current one), so rgb modes step much slower than the state mode, which draws nothing.
 
     Action in [-1, 1]: 7 joint deltas (``action_mode="joint_delta"``, ``joint_delta_scale`` rad at 1),
     7 absolute joint positions (``"joint_pos"``, -1..1 spans each joint's range) or 3 TCP deltas in the
@@ -853,7 +855,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._pixel_size = pixel
         self._view_x0 = centre[0] - 0.5 * width * pixel  # left edge
         self._view_y1 = centre[1] + 0.5 * height * pixel  # top edge
-        self._goal_centre_radius = max(0.012, 1.5 * pixel)
+        self._goal_centre_radius = max(0.012, 2.0 * pixel)
         self._tcp_disk_radius = max(TCP_RADIUS, 2.0 * pixel)
         self._link_radius = max(LINK_HALF_WIDTH, 0.75 * pixel)
         # A disk of radius r around a point in pixel column c covers columns c - floor(r + 1/2) .. c + floor(r + 1/2).
