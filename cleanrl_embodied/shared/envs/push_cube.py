@@ -120,6 +120,34 @@ CAMERA_POSES = {
 }
 CAMERA_FOV = math.radians(50.0)  # horizontal field of view
 
+# Image observations (obs_mode "rgb" and "state+rgb"): a top-down orthographic height-map camera over the part
+# of the table where the cube, the goal and the pushing TCP can be (see the class docstring).
+OBS_MODES = ("state", "dict", "rgb", "state+rgb")
+IMAGE_OBS_MODES = ("rgb", "state+rgb")
+DEFAULT_IMAGE_SIZE = 64
+OBS_VIEW_MARGIN = 0.02  # metres of table shown beyond the farthest push point, cube corner and goal centre
+OBS_TABLE_COLOR = (0.78, 0.78, 0.75)
+OBS_GOAL_REGION_COLOR = (0.62, 0.86, 0.56)
+OBS_GOAL_CENTRE_COLOR = (0.10, 0.50, 0.12)
+OBS_CUBE_COLOR = (0.15, 0.35, 0.95)
+OBS_TCP_LOW_COLOR = (1.0, 0.10, 0.10)  # the TCP at the table (red) ...
+OBS_TCP_HIGH_COLOR = (1.0, 0.95, 0.10)  # ... and OBS_TCP_TOP_HEIGHT above it or higher (yellow), linear between
+OBS_TCP_TOP_HEIGHT = 0.25
+OBS_TCP_LEVELS = 32  # TCP colours (height quantized to 0.25 m / 31 = 8 mm)
+OBS_LINK_LEVELS = 8  # grey levels of the arm links (by height, 0.15 dark at the table to 0.75 at 0.8 m)
+OBS_LINK_ALPHA = 0.6  # links are see-through
+OBS_SHADOW_FACTOR = 0.55  # brightness of surfaces in the TCP's shadow
+OBS_SHADOW_SLOPE = 0.5  # the shadow lies this many metres toward -y per metre of TCP height above the surface
+# Materials of the height map, drawn where their height is above what is there (ties: the higher index wins).
+MAT_TABLE, MAT_GOAL_REGION, MAT_GOAL_CENTRE, MAT_CUBE, MAT_TCP = 0, 1, 2, 3, 4  # MAT_TCP + level: the TCP
+NUM_MATERIALS = MAT_TCP + OBS_TCP_LEVELS
+MATERIAL_BITS = 6  # a height-map key is (height in 0.1 mm) << MATERIAL_BITS | material
+HEIGHT_QUANTUM = 1e-4
+TOP_KEY_HEIGHT = (1 << (31 - MATERIAL_BITS)) - 1  # the TCP is drawn above everything
+# Arm links drawn (pairs of forward_kinematics points; the others have length 0): upper arm, elbow, forearm,
+# wrist, hand.
+LINK_POINTS = ((2, 3), (3, 4), (4, 5), (6, 7), (7, 8))
+
 
 class PushCubeRLVecEnv(gym.vector.VectorEnv):
     """Batched PushCube task on torch tensors (Gymnasium vector API, SAME_STEP autoreset).
@@ -127,6 +155,26 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     Observation (state mode, float32 [N, 31]): qpos (7), qvel (7), tcp_pos (3), cube_pos (3),
     sin/cos of the cube yaw (2), goal_pos (3), tcp->cube (3), cube->goal (3). ``obs_mode="dict"``
     returns the same values as a nested TensorDict {"robot", "object", "goal"} of batch size [N].
+    ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]} and ``"state+rgb"`` a TensorDict
+    {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]} (``image_size``, default 64 x 64);
+    ``info["final_obs"]`` has the same structure. Observation noise applies to the state only.
+
+    Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y), cropped
+    to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and the goals it
+    implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest cube's
+    push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
+    y in [-0.265, 0.265] m, 8.3 mm per pixel at 64 x 64, so the cube is about 5 pixels wide. The scene is a
+    height map: every primitive writes the pixels it covers where it is higher than what is there (one
+    scatter-max of height|material keys per primitive), so the draw order needs no per-env sorting. Shown: the
+    table (grey), the goal region (light green disk of ``goal_radius``) and its centre (dark green), the cube's
+    top face (blue, turned by its yaw), the TCP (a disk on top of everything, coloured by its height: red at the
+    table through orange to yellow at 0.25 m and above, 32 levels), the TCP's shadow (a dark disk on the table
+    or the cube top, shifted toward -y by half the TCP's height above that surface, so it touches the TCP only
+    when the TCP is down) and the arm links (see-through grey bands 2 pixels wide, lighter when higher; the
+    shoulder and the base lie outside the view). Every primitive is drawn in a small tile of pixels around it
+    (the links as 2 x 2 pixel blocks one pixel apart), so an image costs a few passes over its pixels plus a
+    few hundred pixels of drawing per env. A step draws the images twice (the final state and, after the
+    autoreset, the current one), so rgb modes step much slower than the state mode, which draws nothing.
 
     Action in [-1, 1]: 7 joint deltas (``action_mode="joint_delta"``, ``joint_delta_scale`` rad at 1),
     7 absolute joint positions (``"joint_pos"``, -1..1 spans each joint's range) or 3 TCP deltas in the
@@ -187,6 +235,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         base_pos: Sequence[float] = franka.DEFAULT_BASE_POS,
         camera: str = "top",
         render_mode: str | None = "rgb_array",
+        image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
@@ -195,7 +244,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             device: torch device holding all state.
             seed: seed of the env's own generator (None: a random seed).
             max_episode_steps: control steps before an episode is truncated.
-            obs_mode: "state" (flat float32 [N, 31]) or "dict" (nested TensorDict).
+            obs_mode: "state" (flat float32 [N, 31]), "dict" (nested TensorDict), "rgb" (TensorDict {"rgb":
+                uint8 [N, 3, H, W]} from the observation camera, see the class docstring) or "state+rgb"
+                (TensorDict {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]}).
             action_mode: "joint_delta" (7 joint deltas), "joint_pos" (7 absolute joint positions, -1..1
                 spanning each joint's limits) or "ee_delta_pos" (3 TCP deltas in the world frame, through the
                 damped least-squares inverse of the TCP Jacobian).
@@ -228,6 +279,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             base_pos: world position of the robot base.
             camera: view of ``render()``: "top" (top-down, default), "front", "side" or "perspective".
             render_mode: only "rgb_array" (kept for Gymnasium's make_vec).
+            image_size: size of the image observations (rgb modes): an int for square images or (H, W).
         """
         ranges = _check_args(locals())
         self.num_envs = int(num_envs)
@@ -258,6 +310,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._action_noise = ranges["action_noise_std"][1] > 0
         self.base_pos = tuple(float(v) for v in base_pos)
         self.camera = camera
+        self.image_size = (int(image_size), int(image_size)) if _is_int(image_size) else tuple(map(int, image_size))
+        self._images = obs_mode in IMAGE_OBS_MODES
 
         self._build_spaces()
         self.joint_lower, self.joint_upper = franka.joint_limits(self.device)
@@ -277,12 +331,20 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._group_size = 1
         for key, value in self._sample_start_state().items():
             setattr(self, key, value)
+        if self._images:
+            self._setup_obs_camera(goal_direction)
 
     # ------------------------------------------------------------------ spaces
     def _build_spaces(self) -> None:
         """Set the single and batched observation/action spaces."""
+        state_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        image_space = gym.spaces.Box(0, 255, (3, *self.image_size), np.uint8)
         if self.obs_mode == "state":
-            self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+            self.single_observation_space = state_space
+        elif self.obs_mode == "rgb":
+            self.single_observation_space = gym.spaces.Dict({"rgb": image_space})
+        elif self.obs_mode == "state+rgb":
+            self.single_observation_space = gym.spaces.Dict({"state": state_space, "rgb": image_space})
         else:
             groups: dict[str, dict[str, gym.spaces.Box]] = {}
             for group, name, size in OBS_LAYOUT:
@@ -303,7 +365,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._group_size = self._parse_group_size(options)
         for key, value in self._sample_start_state().items():
             setattr(self, key, value)
-        return self._format_obs(self._observe()), {}
+        return self._format_obs(self._observe(), self._render_obs() if self._images else None), {}
 
     def _parse_group_size(self, options: dict | None) -> int:
         """Group size from reset options (1 when absent), checked against num_envs."""
@@ -420,17 +482,19 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         done = terminated | truncated
 
         final_obs = self._observe()
+        final_images = self._render_obs() if self._images else None
         self.prev_action = actions
         self._reset_finished(done)
         obs = self._observe()
+        images = self._render_obs() if self._images else None
         info = {
-            "final_obs": self._format_obs(final_obs),
+            "final_obs": self._format_obs(final_obs, final_images),
             "_final_obs": done,
             "success": success,
             "rewards": terms,
             "metrics": {"distance_to_goal": distance_to_goal},
         }
-        return self._format_obs(obs), reward, terminated, truncated, info
+        return self._format_obs(obs, images), reward, terminated, truncated, info
 
     def _joint_step_command(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The joint displacement [N, 7] the controller aims at in this control step, before the limits, and
@@ -644,10 +708,18 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             noise = torch.randn(obs.shape, generator=self._generator, device=self.device)
             obs = obs + self.obs_noise_std.unsqueeze(-1) * noise
         return obs
-    def _format_obs(self, flat_obs: torch.Tensor) -> torch.Tensor | TensorDict:
-        """The flat observation in the env's obs_mode (state: as is; dict: nested TensorDict)."""
+
+    def _format_obs(self, flat_obs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor | TensorDict:
+        """The observation in the env's obs_mode from the flat one and the images (rgb modes): state: as is;
+        dict: nested TensorDict; rgb: TensorDict {"rgb"}; state+rgb: TensorDict {"state", "rgb"}. (The rgb
+        mode computes the flat observation too, so that observation noise draws the same random numbers in
+        every mode and a seed gives the same episodes.)"""
         if self.obs_mode == "state":
             return flat_obs
+        if self.obs_mode == "rgb":
+            return TensorDict({"rgb": images}, batch_size=[self.num_envs], device=self.device)
+        if self.obs_mode == "state+rgb":
+            return TensorDict({"state": flat_obs, "rgb": images}, batch_size=[self.num_envs], device=self.device)
         pieces = flat_obs.split([size for _, _, size in OBS_LAYOUT], dim=-1)
         nested: dict[str, dict[str, torch.Tensor]] = {}
         for (group, name, _), piece in zip(OBS_LAYOUT, pieces):
@@ -770,6 +842,132 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             draw()
         return (image * 255).round().to(torch.uint8).numpy()
 
+    # ------------------------------------------------------------------ image observations
+    def _setup_obs_camera(self, goal_direction: float) -> None:
+        """Window, pixel size, tile sizes and colour table of the observation camera (see the class docstring)."""
+        height, width = self.image_size
+        half_max = self.param_ranges["cube_half_size"][1]
+        reach = max(math.sqrt(2.0) * half_max, half_max + 2 * TCP_RADIUS + PUSH_POINT_MARGIN) + OBS_VIEW_MARGIN
+        centre = tuple(0.5 * self.goal_distance * f(goal_direction) for f in (math.cos, math.sin))  # of the region
+        extent_x = self.cube_xy_range + abs(centre[0]) + reach  # half-widths of the region to show
+        extent_y = self.cube_xy_range + abs(centre[1]) + reach
+        pixel = max(2 * extent_x / width, 2 * extent_y / height)  # square pixels, the region fits both ways
+        self._pixel_size = pixel
+        self._view_x0 = centre[0] - 0.5 * width * pixel  # left edge
+        self._view_y1 = centre[1] + 0.5 * height * pixel  # top edge
+        self._goal_centre_radius = max(0.012, 2.0 * pixel)
+        self._tcp_disk_radius = max(TCP_RADIUS, 2.0 * pixel)
+        self._link_radius = max(LINK_HALF_WIDTH, 0.75 * pixel)
+        # A disk of radius r around a point in pixel column c covers columns c - floor(r + 1/2) .. c + floor(r + 1/2).
+        tile = lambda radius: torch.arange(-math.floor(radius / pixel + 0.5), math.floor(radius / pixel + 0.5) + 1,
+                                           device=self.device)  # noqa: E731  (pixel offsets of a disk's tile)
+        self._tile_goal_region, self._tile_goal_centre = tile(self.goal_radius), tile(self._goal_centre_radius)
+        self._tile_cube = tile(math.sqrt(2.0) * half_max)
+        self._tile_tcp = tile(self._tcp_disk_radius)
+        self._tile_shadow = tile(self._tcp_disk_radius + OBS_SHADOW_SLOPE * 2 * half_max)
+        # The links: points spaced one pixel along each link, each drawn as the 2 x 2 pixels around it (a band
+        # 2 pixels wide). The links' lengths are constant, so fixed fractions along them do.
+        rest = franka.forward_kinematics(self.rest_qpos.unsqueeze(0).cpu(), self.base_pos)[0]
+        fractions = [torch.linspace(0.0, 1.0, math.ceil(float((rest[b] - rest[a]).norm()) / pixel) + 1)
+                     for a, b in LINK_POINTS]  # fmt: skip
+        self._link_start = torch.tensor([a for (a, _), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
+        self._link_end = torch.tensor([b for (_, b), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
+        self._link_fraction = torch.cat(fractions).to(self.device).view(1, -1, 1)
+        self._tile_link = torch.arange(2, device=self.device)
+        self._palette = self._obs_palette().to(self.device)
+
+    def _obs_palette(self) -> torch.Tensor:
+        """uint8 [3, NUM_MATERIALS * 2 * (OBS_LINK_LEVELS + 1)]: the colour of every (material, in shadow,
+        link grey level or 0) combination, indexed by material + NUM_MATERIALS * (shadow + 2 * link level)."""
+        base = [OBS_TABLE_COLOR, OBS_GOAL_REGION_COLOR, OBS_GOAL_CENTRE_COLOR, OBS_CUBE_COLOR]
+        low, high = torch.tensor(OBS_TCP_LOW_COLOR), torch.tensor(OBS_TCP_HIGH_COLOR)
+        levels = torch.linspace(0.0, 1.0, OBS_TCP_LEVELS).unsqueeze(-1)
+        colors = torch.cat((torch.tensor(base), low + levels * (high - low)))  # [NUM_MATERIALS, 3]
+        is_tcp = (torch.arange(NUM_MATERIALS) >= MAT_TCP).unsqueeze(-1)  # the TCP is on top of shadow and links
+        table = []
+        for link_level in range(OBS_LINK_LEVELS + 1):
+            for shadow in (False, True):
+                color = colors * OBS_SHADOW_FACTOR if shadow else colors
+                if link_level:
+                    grey = 0.15 + 0.6 * (link_level - 1) / (OBS_LINK_LEVELS - 1)
+                    color = (1 - OBS_LINK_ALPHA) * color + OBS_LINK_ALPHA * grey
+                table.append(torch.where(is_tcp, colors, color))
+        return (torch.cat(table) * 255).round().to(torch.uint8).T.contiguous()
+
+    def _tiles(self, x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, shift: float = 0.0):
+        """Pixels near the world points x, y [N, M]: rows and columns ``offsets`` away from the pixel holding the
+        point moved by ``shift`` pixels up and left. Returns the flat pixel index (H * W, a spare slot, for pixels
+        outside the image) [N, M, k, k] and world x [N, M, 1, k] and y [N, M, k, 1] of the pixel centres."""
+        height, width = self.image_size
+        pixel = self._pixel_size
+        col = torch.floor(((x - self._view_x0) / pixel - shift).clamp(-1e6, 1e6)).long()
+        row = torch.floor(((self._view_y1 - y) / pixel - shift).clamp(-1e6, 1e6)).long()
+        cols = col[..., None, None] + offsets  # [N, M, 1, k]
+        rows = row[..., None, None] + offsets[:, None]  # [N, M, k, 1]
+        inside = (cols >= 0) & (cols < width) & (rows >= 0) & (rows < height)
+        flat = torch.where(inside, rows * width + cols, height * width)
+        return flat, self._view_x0 + (cols + 0.5) * pixel, self._view_y1 - (rows + 0.5) * pixel
+
+    @staticmethod
+    def _draw(buffer: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor | None, value, reduce: str = "amax"):
+        """buffer[n, pixel] = max(buffer[n, pixel], value) (or + value, ``reduce="sum"``) where ``mask`` (tile
+        shape; value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot."""
+        if mask is not None:
+            flat = torch.where(mask, flat, buffer.shape[1] - 1)
+        value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).expand(flat.shape)
+        buffer.scatter_reduce_(1, flat.flatten(1), value.flatten(1), reduce)
+
+    def _render_obs(self) -> torch.Tensor:
+        """uint8 [N, 3, H, W] images of the current state through the observation camera, all envs at once with
+        tensor ops on the env's device (no host sync). See the class docstring for what is drawn."""
+        num, (height, width) = self.num_envs, self.image_size
+        col = lambda t: t.view(num, 1, 1, 1)  # noqa: E731  ([N] -> broadcasts against tiles [N, 1, k, k])
+        # Height map: key = height << MATERIAL_BITS | material, the table (0) everywhere, one spare slot.
+        keys = torch.zeros(num, height * width + 1, dtype=torch.int32, device=self.device)
+        goal_x, goal_y = self.goal_xy[:, :1], self.goal_xy[:, 1:]
+        for radius, offsets, material in ((self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
+                                          (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE)):
+            flat, px, py = self._tiles(goal_x, goal_y, offsets)
+            self._draw(keys, flat, (px - col(goal_x)) ** 2 + (py - col(goal_y)) ** 2 <= radius * radius, material)
+
+        flat, px, py = self._tiles(self.cube_xy[:, :1], self.cube_xy[:, 1:], self._tile_cube)
+        cos_yaw, sin_yaw = col(torch.cos(self.cube_yaw)), col(torch.sin(self.cube_yaw))
+        dx, dy = px - col(self.cube_xy[:, 0]), py - col(self.cube_xy[:, 1])
+        half = col(self.cube_half_size)
+        inside = ((cos_yaw * dx + sin_yaw * dy).abs() <= half) & ((cos_yaw * dy - sin_yaw * dx).abs() <= half)
+        cube_height = torch.floor(2 * half / HEIGHT_QUANTUM).to(torch.int32)
+        self._draw(keys, flat, inside, (cube_height << MATERIAL_BITS) | MAT_CUBE)
+
+        tcp_x, tcp_y, tcp_z = self.tcp_pos[:, 0], self.tcp_pos[:, 1], self.tcp_pos[:, 2]
+        level = ((tcp_z - TCP_RADIUS) / (OBS_TCP_TOP_HEIGHT - TCP_RADIUS)).clamp(0.0, 1.0) * (OBS_TCP_LEVELS - 1)
+        tcp_material = MAT_TCP + torch.floor(level + 0.5).to(torch.int32)
+        flat, px, py = self._tiles(tcp_x.view(num, 1), tcp_y.view(num, 1), self._tile_tcp)
+        inside = (px - col(tcp_x)) ** 2 + (py - col(tcp_y)) ** 2 <= self._tcp_disk_radius**2
+        self._draw(keys, flat, inside, col((TOP_KEY_HEIGHT << MATERIAL_BITS) | tcp_material))
+
+        # Palette variant of each pixel, NUM_MATERIALS * (shadow + 2 * link grey level). Arm links first: points
+        # along each link, per pixel the highest link's level (a height map of its own).
+        variant = torch.zeros(num, height * width + 1, dtype=torch.int32, device=self.device)
+        points = franka.forward_kinematics(self.qpos, self.base_pos)  # [N, 9, 3]
+        start, end = points[:, self._link_start], points[:, self._link_end]
+        along = start + self._link_fraction * (end - start)  # [N, M, 3]
+        link_level = 1 + torch.floor((along[..., 2] / 0.8).clamp(0.0, 1.0) * (OBS_LINK_LEVELS - 1) + 0.5)
+        flat, _, _ = self._tiles(along[..., 0], along[..., 1], self._tile_link, shift=0.5)
+        self._draw(variant, flat, None, (2 * NUM_MATERIALS * link_level)[..., None, None])
+        # The TCP's shadow on the table or the cube top: the disk around the TCP shifted toward -y by
+        # OBS_SHADOW_SLOPE x (TCP height above the surface at that pixel), where the surface is below the TCP.
+        flat, px, py = self._tiles(tcp_x.view(num, 1), (tcp_y - OBS_SHADOW_SLOPE * tcp_z).view(num, 1),
+                                   self._tile_shadow)  # fmt: skip
+        under = keys.gather(1, flat.flatten(1)).view(flat.shape)
+        above = col(tcp_z) - (under >> MATERIAL_BITS).float() * HEIGHT_QUANTUM
+        inside = (above > 0) & ((under & ((1 << MATERIAL_BITS) - 1)) < MAT_TCP)
+        inside &= (px - col(tcp_x)) ** 2 + (py - col(tcp_y) + OBS_SHADOW_SLOPE * above) ** 2 <= self._tcp_disk_radius**2
+        self._draw(variant, flat, inside, NUM_MATERIALS, reduce="sum")  # each pixel of the tile once
+
+        index = ((keys[:, :-1] & ((1 << MATERIAL_BITS) - 1)) + variant[:, :-1]).view(-1)
+        channels = [channel.index_select(0, index).view(num, height, width) for channel in self._palette]
+        return torch.stack(channels, 1)
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -804,8 +1002,12 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
         fail("num_envs", "a positive integer")
     if not _is_int(args["max_episode_steps"]) or args["max_episode_steps"] < 1:
         fail("max_episode_steps", "an integer >= 1")
-    if args["obs_mode"] not in ("state", "dict"):
-        fail("obs_mode", "'state' or 'dict'")
+    if args["obs_mode"] not in OBS_MODES:
+        fail("obs_mode", " or ".join(repr(m) for m in OBS_MODES))
+    size = args["image_size"]
+    if not ((_is_int(size) and size >= 1) or (isinstance(size, (list, tuple)) and len(size) == 2
+                                                and all(_is_int(v) and v >= 1 for v in size))):  # fmt: skip
+        fail("image_size", "a positive integer or (height, width) of positive integers")
     if args["action_mode"] not in ACTION_MODES:
         fail("action_mode", " or ".join(repr(m) for m in ACTION_MODES))
     for kwarg in ("joint_delta_scale", "ee_delta_scale", "max_tcp_speed", "goal_radius", "cube_half_size"):
