@@ -41,6 +41,7 @@ def test_state_vector_normalizes_nothing_but_float_entries():
     assert torch.equal(state_vector(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
     plain = torch.randn(4, 6)
     assert state_vector(plain) is plain
+    assert state_vector(obs.select("rgb")).shape == (2, 0)  # images only: an empty state
     obs["state", "b"][1, 2] = float("inf")
     assert finite_rows(obs).tolist() == [True, False]
     assert finite_rows(obs[None].expand(3, 2), batch_dims=2).tolist() == [[True, False]] * 3

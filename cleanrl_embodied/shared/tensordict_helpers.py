@@ -58,15 +58,15 @@ def state_dim(space: gym.Space) -> int:
     return flat_dim(space) - sum(int(np.prod(box.shape)) for box in image_spaces(space).values())
 
 
-def state_vector(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor | None:
+def state_vector(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
     """The float part of an observation as one float32 vector per row: a plain tensor as it is, a TensorDict's
-    non-image leaves concatenated in sorted key order (:func:`flatten_obs`'s order); None if it has none.
+    non-image leaves concatenated in sorted key order (:func:`flatten_obs`'s order), ``[..., 0]`` if it has none.
     This is what observation normalization sees: images are never normalized."""
     if isinstance(obs, torch.Tensor):
         return obs
     leaves = [obs.get(key) for key in sorted_leaf_keys(obs)]
     leaves = [leaf.reshape(*leaf.shape[:batch_dims], -1).float() for leaf in leaves if not is_image(leaf, batch_dims)]
-    return torch.cat(leaves, dim=-1) if leaves else None
+    return torch.cat(leaves, dim=-1) if leaves else torch.zeros(*obs.shape[:batch_dims], 0, device=obs.device)
 
 
 def finite_rows(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
