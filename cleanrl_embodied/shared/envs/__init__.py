@@ -8,8 +8,8 @@ data are torch tensors on ``device`` (docs/ENV_CONTRACT.md):
 - ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): see :mod:`.maniskill`.
 - any other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
   sub-envs (SAME_STEP autoreset, ``vectorization="sync"`` or ``"async"``, ``render_mode="rgb_array"`` where
-  the env has it) -> :func:`numpy_vector_to_torch` (clip + rescale actions so the policy acts in [-1, 1],
-  :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict observations, :class:`EpisodeStatistics`).
+  the env has it) -> :func:`numpy_vector_to_torch` (:class:`GymnasiumToTorch`: actions rescaled from [-1, 1]
+  and clipped, torch outputs, episode statistics; :class:`FlattenDictObservation` for Dict observations).
 - ``"module:EnvId"`` (Gymnasium's own form, as in ``gymnasium.make``): ``module`` is imported first, so that a
   package that registers its ids on import (gymnasium-robotics, a lab's task package, a ``.py`` file in the
   current directory) works from the command line; then ``EnvId`` is treated as above (:func:`resolve_env_id`).
