@@ -96,7 +96,9 @@ class EnvPoolToTorch(VectorEnv):
         self.env_id, self.num_envs, self.device = env_id, num_envs, torch.device(device)
         self._on_cpu = self.device.type == "cpu"
         try:
-            default_limit = envpool.make_spec(env_id, **env_kwargs).config.max_episode_steps
+            with warnings.catch_warnings():  # Gymnasium warns about EnvPool's float64 bounds of float32 Boxes
+                warnings.simplefilter("ignore")
+                default_limit = envpool.make_spec(env_id, **env_kwargs).config.max_episode_steps
         except TypeError as e:  # an unknown config key
             raise ValueError(f"envpool {env_id}: {str(e).splitlines()[0]}") from None
         self.max_episode_steps = int(env_kwargs.pop("max_episode_steps", default_limit))
