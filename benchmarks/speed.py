@@ -4,7 +4,7 @@
     uv run python benchmarks/speed.py --parts env --env-threads 1 2 --env-num-envs 4096 16384
     uv run python benchmarks/speed.py --parts train --scripts ppo_continuous --num-envs 1024 --extra="--num-steps 50"
 
-Three parts, measured one after another in this one invocation (threads pinned, warm-up left out):
+Parts, measured one after another in this one invocation (threads pinned, warm-up left out):
 
 1. env: PushCubeRL `step()` alone (autoreset and episode statistics included) with random actions drawn up
    front, vs num_envs, on the CPU at each of `--env-threads` and on CUDA.
@@ -20,6 +20,15 @@ Three parts, measured one after another in this one invocation (threads pinned, 
    left: storage writes, finite checks, episode statistics, logging, progress bar. On CUDA the timers
    synchronize at every boundary. Profilers were not used: cProfile's per-call cost inflates exactly the
    Python-heavy parts (env wrappers, TensorDict) whose share we want to know.
+
+4. gym (`--parts gym`, CPU): Gymnasium ids (HalfCheetah-v5 1 env x 2048 steps and 8 x 256, Pendulum-v1 16 x 256),
+   each measured side by side in this process, repeats interleaved: env-only, the raw Gymnasium vector env with
+   numpy actions vs `make_env` with the same actions ("contract overhead", target <= 10%; and EnvPool when
+   installed); a rollout as ppo_continuous does it, through its public `Agent`/`policy_step` and the shared
+   storage/bookkeeping, vs the raw env plus one batched `policy_step` per step ("rollout overhead", target <= 15%);
+   and part 3's breakdown of the real main() with benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt's flags.
+   Alone it writes `speed-gym-cpu` (results folder and RESULTS.md section):
+       uv run python benchmarks/speed.py --parts gym
 
 Writes `speed.png`, `speed.md` and `speed.json` to `--out` (default benchmarks/results/speed-<cpu|cuda>/) and
 replaces the `speed-<cpu|cuda>` section of benchmarks/RESULTS.md.
@@ -61,14 +70,16 @@ from benchlib import (
 )
 from gymnasium.vector import VectorWrapper
 
+GYM_SETTINGS = (("HalfCheetah-v5", 1, 2048), ("HalfCheetah-v5", 8, 256), ("Pendulum-v1", 16, 256))
+"""(env id, num_envs, steps per env) of the gym part: CleanRL's HalfCheetah setting, 8 envs, a tiny physics"""
 STEPS_PER_ENV = {"ppo_continuous": 20, "ppo_ddp": 20, "grpo": 50}  # rollout length per iteration (grpo: the horizon)
 PHASES = ("env", "policy", "update", "rest")
 
 
 @dataclass
 class Args:
-    parts: tuple[Literal["env", "train", "breakdown"], ...] = ("env", "train", "breakdown")
-    """which parts to measure"""
+    parts: tuple[Literal["env", "train", "breakdown", "gym"], ...] = ("env", "train", "breakdown")
+    """which parts to measure (gym: Gymnasium ids, written to its own speed-gym-cpu section)"""
     scripts: tuple[str, ...] = ("ppo_continuous", "grpo", "ppo_ddp")
     """trainers measured in the train and breakdown parts"""
     env_num_envs: tuple[int, ...] = (64, 256, 1024, 4096)
@@ -102,6 +113,12 @@ class Args:
     """output folder (default benchmarks/results/speed-<cpu|cuda>)"""
     results_md: str = str(RESULTS_MD)
     """markdown file whose speed-<cpu|cuda> section is replaced ('' leaves it alone)"""
+    gym_settings: tuple[tuple[str, int, int], ...] = GYM_SETTINGS
+    """gym part: (env id, num_envs, steps per env) triples"""
+    gym_max_steps: int = 100_000
+    """gym part: cap on the steps per env of every setting (tests use a few)"""
+    gym_breakdown: bool = True
+    """gym part: also break a real ppo_continuous iteration down on the HalfCheetah-v5 settings"""
     report_only: bool = False
     """measure nothing: redraw the plot and tables from <out>/speed.json"""
 
@@ -355,6 +372,179 @@ def measure_breakdown(args: Args) -> list[dict]:
     return rows
 
 
+# ---- 4. Gymnasium ids: what the contract, the rollout and the iteration add to the simulator --------------------
+GYM_SETTINGS = (("HalfCheetah-v5", 1, 2048), ("HalfCheetah-v5", 8, 256), ("Pendulum-v1", 16, 256))
+"""(env id, num_envs, steps per env) of the gym part: CleanRL's HalfCheetah setting, 8 envs, a tiny physics"""
+
+
+def gym_config_flags(env_id: str) -> list[str]:
+    """ppo_continuous's flags for `env_id` from benchmarks/configs (comments dropped), [] when there is none."""
+    path = BENCH / "configs" / f"ppo_continuous__{env_id}.txt"
+    if not path.is_file():
+        return ["--env-id", env_id]
+    return " ".join(line.split("#")[0] for line in path.read_text().splitlines()).split()
+
+
+def _raw_vector_env(env_id: str, num_envs: int):
+    """The plain Gymnasium vector env that make_env wraps (same sub-env wrappers and render mode)."""
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    from cleanrl_embodied.shared.envs import _offers_rgb_array
+    from cleanrl_embodied.shared.envs.wrappers import SafeRender
+
+    kwargs = {"render_mode": "rgb_array"} if _offers_rgb_array(env_id) else {}
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=[SafeRender],
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs)
+
+
+def _interleaved(runs: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each timed function, run in turns (A, B, C, A, B, C, ...) after one warm-up
+    round, so that the load of other processes falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(repeats + 1):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) -> dict:
+    """Seconds per env step (all envs) of, side by side in this process: the raw Gymnasium vector env with
+    numpy actions; make_env with the same actions as tensors (and make_env(vectorization="envpool") when
+    installed); a rollout as ppo_continuous does it (its public `Agent`/`policy_step`, storage writes, the
+    env step, V(final_obs), its rollout bookkeeping) and the same rollout's floor: the raw env plus one
+    batched `policy_step` per step."""
+    import importlib.util
+
+    import numpy as np
+
+    from cleanrl_embodied import ppo_continuous as ppo
+    from cleanrl_embodied.shared import make_env
+    from cleanrl_embodied.shared.logging import RolloutStats
+    from cleanrl_embodied.shared.runtime import NonFiniteWatch
+    from cleanrl_embodied.shared.tensordict_helpers import rollout_storage
+
+    raw, ours = _raw_vector_env(env_id, num_envs), make_env(env_id, num_envs, "cpu", seed=0)
+    pool = make_env(env_id, num_envs, "cpu", seed=0, vectorization="envpool") if (
+        importlib.util.find_spec("envpool") is not None) else None
+    space = raw.single_action_space
+    unit = np.random.default_rng(0).uniform(-1, 1, (steps, num_envs, space.shape[0])).astype(np.float32)
+    scaled = (space.low + (space.high - space.low) * (unit + 1) / 2).astype(space.dtype)  # what make_env sends
+    unit_t = torch.from_numpy(unit)
+    args = tyro.cli(ppo.Args, args=gym_config_flags(env_id))
+    obs_dim, act_dim = ours.single_observation_space.shape[0], ours.single_action_space.shape[0]
+    agent = ppo.Agent(obs_dim, act_dim, args)
+    raw_obs, _ = raw.reset(seed=0)
+    state = {"obs": ours.reset()[0], "raw_obs": raw_obs}
+    if pool is not None:
+        pool.reset()
+
+    def env_raw():
+        for t in range(steps):
+            raw.step(scaled[t])
+
+    def env_contract(env=ours):
+        for t in range(steps):
+            env.step(unit_t[t])
+
+    def rollout_floor():
+        with torch.no_grad():
+            obs = state["raw_obs"]
+            for _ in range(steps):
+                out = ppo.policy_step(agent, torch.from_numpy(np.asarray(obs, dtype=np.float32)))
+                actions = out["action"].numpy().clip(-1, 1)
+                obs = raw.step(space.low + (space.high - space.low) * (actions + 1) / 2)[0]
+            state["raw_obs"] = obs
+
+    def rollout_trainer():  # the body of ppo_continuous's rollout loop, through its public functions
+        storage = rollout_storage(
+            steps, num_envs, "cpu", obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32),
+            logprob=((), torch.float32), value=((), torch.float32), final_value=((), torch.float32),
+            reward=((), torch.float32), terminated=((), torch.bool), done=((), torch.bool))
+        stats, watch, next_obs = RolloutStats("cpu"), NonFiniteWatch(num_envs, "cpu"), state["obs"]
+        with torch.no_grad():
+            for step in range(steps):
+                out = ppo.policy_step(agent, next_obs)
+                storage["obs"][step] = next_obs
+                for key in ("action", "logprob", "value"):
+                    storage[key][step] = out[key]
+                next_obs, reward, terminated, truncated, info = ours.step(out["action"])
+                storage["final_value"][step] = agent.get_value(info["final_obs"])
+                storage["reward"][step], storage["terminated"][step] = reward, terminated
+                storage["done"][step] = terminated | truncated
+                watch.update(step, next_obs, info["final_obs"], reward)
+                stats.add(info)
+        state["obs"] = next_obs
+
+    runs = {"env_raw": env_raw, "env_contract": env_contract, "rollout_floor": rollout_floor,
+            "rollout_trainer": rollout_trainer}
+    if pool is not None:
+        runs["env_envpool"] = lambda: env_contract(pool)
+    result = {k: v / steps for k, v in _interleaved(runs, repeats).items()}
+    for env in (raw, ours, pool):
+        if env is not None:
+            env.close()
+    return result
+
+
+def measure_gym(args: Args) -> dict:
+    torch.set_num_threads(args.threads)
+    rows, breakdown_rows = [], []
+    for env_id, n, steps in args.gym_settings:
+        steps = min(steps, args.gym_max_steps)
+        r = gym_env_and_rollout(env_id, n, steps, args.repeats)
+        rows.append({"env_id": env_id, "num_envs": n, "steps": steps, **r})
+        print(f"gym {env_id} num_envs={n}: raw {1e6 * r['env_raw']:.0f} us/step, contract "
+              f"{100 * (r['env_contract'] / r['env_raw'] - 1):+.1f}%, rollout "
+              f"{100 * (r['rollout_trainer'] / r['rollout_floor'] - 1):+.1f}%", flush=True)
+    for env_id, n, steps in args.gym_settings:
+        if not args.gym_breakdown or env_id != "HalfCheetah-v5":
+            continue
+        steps = min(steps, args.gym_max_steps)
+        config = merge_flags(gym_config_flags(env_id), ["--num-envs", str(n), "--num-steps", str(steps)])
+        quiet = ["--total-timesteps", str(args.iterations * n * steps), "--eval-freq", "0", "--save-freq", "0",
+                 "--num-eval-envs", "1", "--num-eval-episodes", "1", "--eval-env-kwargs", '{"max_episode_steps":10}']
+        extra = " ".join(merge_flags(config, quiet, args.extra.split()))
+        result = breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra)
+        breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps, **result})
+        print(f"gym breakdown {env_id} num_envs={n}: " + ", ".join(
+            f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
+    return {"rows": rows, "breakdown": breakdown_rows}
+
+
+def gym_tables(gym: dict) -> list[str]:
+    pct = lambda a, b: f"{100 * (a / b - 1):+.1f}%"
+    rows = []
+    for r in gym["rows"]:
+        contract = r["env_contract"] / r["env_raw"] - 1
+        rollout = r["rollout_trainer"] / r["rollout_floor"] - 1
+        envpool = r.get("env_envpool")
+        rows.append([r["env_id"], str(r["num_envs"]), f"{1e6 * r['env_raw']:.0f}", f"{1e6 * r['env_contract']:.0f}",
+                     pct(r["env_contract"], r["env_raw"]) + (" (<= 10%)" if contract <= 0.10 else " (> 10%)"),
+                     f"{1e6 * envpool:.0f} ({r['env_raw'] / envpool:.1f}x raw)" if envpool else "-",
+                     f"{1e6 * r['rollout_floor']:.0f}", f"{1e6 * r['rollout_trainer']:.0f}",
+                     pct(r["rollout_trainer"], r["rollout_floor"]) + (" (<= 15%)" if rollout <= 0.15 else " (> 15%)")])
+    parts = ["**Gymnasium ids: what the env contract and the trainer's rollout add** (CPU, microseconds per env step "
+             "of all envs, medians of interleaved repeats in one process; env-only: the raw Gymnasium vector env "
+             "with numpy actions vs `make_env` with the same actions; rollout: ppo_continuous's rollout body "
+             "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs the raw env plus one batched "
+             "`policy_step`):", "",
+             md_table(["env", "num_envs", "raw env", "make_env", "contract overhead", "envpool", "rollout floor",
+                       "trainer rollout", "rollout overhead"], rows), ""]
+    if gym.get("breakdown"):
+        rows = [[r["env_id"], str(r["num_envs"]), str(r["num_steps"]), f"{1e3 * r['total']:.1f}",
+                 *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
+                 "yes" if r["rest"] <= 0.1 * r["total"] else "no"] for r in gym["breakdown"]]
+        parts += ["**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
+                  "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt; mean over the iterations after --skip):", "",
+                  md_table(["env", "num_envs", "num_steps", "iteration (ms)", "env step", "policy forward",
+                            "update (advantages + epochs)", "rest (overhead)", "rest <= 10%"], rows), ""]
+    return parts
+
+
 # ---- report -----------------------------------------------------------------------------------------
 def tables(data: dict) -> str:
     parts = []
@@ -385,6 +575,8 @@ def tables(data: dict) -> str:
         parts += [f"**Where an iteration's time goes** (eager; mean over {data['iterations'] - data['skip']} "
                   "iterations of the real training loop; rest = the iteration minus the other three):", "",
                   md_table(header, rows), ""]
+    if data.get("gym"):
+        parts += gym_tables(data["gym"])
     return "\n".join(parts)
 
 
@@ -396,6 +588,8 @@ def plot(data: dict, path: Path) -> None:
     from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter, ScalarFormatter
 
     panels = [p for p in ("env", "train", "breakdown") if data.get(p)]
+    if not panels:  # the gym part is a table only
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
     for ax, part in zip(axes[0], panels):
         if part == "env":
@@ -444,7 +638,7 @@ def report(data: dict, image: str) -> str:
               f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
               f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
               f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
-              "", f"![speed]({image})", ""]
+              "", *([f"![speed]({image})", ""] if image else [])]
     return "\n".join(header) + "\n" + tables(data)
 
 
@@ -456,6 +650,7 @@ def main(args: Args) -> None:
         fail(f"--scripts: unknown {sorted(unknown)}; choose from {list(STEPS_PER_ENV)}")
     torch.set_num_threads(args.threads)
     kind = devices(args)[-1]
+    kind = "gym-cpu" if set(args.parts) == {"gym"} else kind  # the gym part (CPU) alone: its own section
     out = Path(args.out) if args.out else BENCH / "results" / f"speed-{kind}"
     if args.report_only:
         if not (out / "speed.json").is_file():
@@ -467,7 +662,7 @@ def main(args: Args) -> None:
     data = {"invocation": "uv run python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
             "machine": machine_info(), "versions": package_versions(), "git": git_info(), "threads": args.threads,
             "iterations": args.iterations, "skip": args.skip}
-    measure = {"env": measure_env, "train": measure_training, "breakdown": measure_breakdown}
+    measure = {"env": measure_env, "train": measure_training, "breakdown": measure_breakdown, "gym": measure_gym}
     for part in args.parts:
         data[part] = measure[part](args)
     data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
@@ -478,10 +673,11 @@ def main(args: Args) -> None:
 
 def write_outputs(data: dict, out: Path, kind: str, results_md: str) -> None:
     plot(data, out / "speed.png")
-    (out / "speed.md").write_text(f"# Speed ({kind})\n\n" + report(data, "speed.png") + "\n")
+    has_plot = any(data.get(p) for p in ("env", "train", "breakdown"))
+    (out / "speed.md").write_text(f"# Speed ({kind})\n\n" + report(data, "speed.png" if has_plot else "") + "\n")
     if results_md:
         md = Path(results_md)
-        image = os.path.relpath(out / "speed.png", md.resolve().parent).replace(os.sep, "/")
+        image = os.path.relpath(out / "speed.png", md.resolve().parent).replace(os.sep, "/") if has_plot else ""
         write_section(md, f"speed-{kind}", report(data, image))
     print(tables(data))
     print(f"wrote {out / 'speed.md'}")

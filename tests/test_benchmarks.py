@@ -235,6 +235,37 @@ def test_speed_breakdown_times_the_real_loop(script):
     assert (cli.make_env, logging.RunLogger.log) == (before["make_env"], before["log"])  # the seams are restored
 
 
+@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs the mujoco extra")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
+    """`speed.py --parts gym` at tiny sizes: per setting the raw env, make_env, the rollouts (and EnvPool when
+    installed), a breakdown of the real HalfCheetah loop, and its own RESULTS.md section with both tables."""
+    speed = importlib.import_module("speed")
+    from cleanrl_embodied import ppo_continuous as ppo
+    from cleanrl_embodied.shared import cli, logging
+
+    before = {"module": dict(vars(ppo)), "make_env": cli.make_env, "log": logging.RunLogger.log}
+    md = tmp_path / "RESULTS.md"
+    speed.main(speed.Args(parts=("gym",), gym_settings=(("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)),
+                          repeats=1, iterations=3, skip=1, out=str(tmp_path / "gym"), results_md=str(md),
+                          extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 8 8"))
+    data = json.loads((tmp_path / "gym" / "speed.json").read_text())
+    rows = data["gym"]["rows"]
+    assert [(r["env_id"], r["num_envs"], r["steps"]) for r in rows] == [("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)]
+    has_envpool = importlib.util.find_spec("envpool") is not None
+    for r in rows:
+        assert all(r[k] > 0 for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer"))
+        assert ("env_envpool" in r) == has_envpool
+    (bd,) = data["gym"]["breakdown"]  # HalfCheetah only
+    assert bd["env_id"] == "HalfCheetah-v5" and bd["iterations"] == 2 and bd["env"] > 0 and bd["update"] > 0
+    assert bd["env"] + bd["policy"] + bd["update"] + bd["rest"] == pytest.approx(bd["total"])
+    text = md.read_text()
+    assert "<!-- BEGIN speed-gym-cpu -->" in text and "contract overhead" in text and "rest <= 10%" in text
+    assert "| Pendulum-v1 | 3 |" in text and "![speed]" not in text  # tables only, no plot
+    assert vars(ppo) == before["module"]  # nothing of the trainer was replaced
+    assert (cli.make_env, logging.RunLogger.log) == (before["make_env"], before["log"])
+
+
 def test_async_benchmark_end_to_end(tmp_path):
     """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"

@@ -50,8 +50,9 @@ class RunArgs:
     """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
     eval_env_kwargs: str = "{}"
     """JSON keyword arguments of the eval envs (no randomization unless given here)"""
-    env_vectorization: Literal["sync", "async"] = "sync"
-    """Gymnasium (numpy) ids: step sub-envs in this process (sync) or one worker process each (async)"""
+    env_vectorization: Literal["sync", "async", "envpool"] = "sync"
+    """Gymnasium (numpy) ids: step sub-envs in this process (sync), one worker process each (async), or EnvPool's
+    C++ thread pool (envpool: extra `envpool`, the ids it provides, e.g. HalfCheetah-v5)"""
     num_eval_envs: int = 64
     """number of parallel evaluation environments"""
     num_eval_episodes: int = 64

@@ -8,11 +8,13 @@ data are torch tensors on ``device`` (docs/ENV_CONTRACT.md):
 - ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): see :mod:`.maniskill`.
 - any other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
   sub-envs (SAME_STEP autoreset, ``vectorization="sync"`` or ``"async"``, ``render_mode="rgb_array"`` where
-  the env has it) -> :func:`numpy_vector_to_torch` (clip + rescale actions so the policy acts in [-1, 1],
-  :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict observations, :class:`EpisodeStatistics`).
+  the env has it) -> :func:`numpy_vector_to_torch` (:class:`GymnasiumToTorch`: actions rescaled from [-1, 1]
+  and clipped, torch outputs, episode statistics; :class:`FlattenDictObservation` for Dict observations).
 - ``"module:EnvId"`` (Gymnasium's own form, as in ``gymnasium.make``): ``module`` is imported first, so that a
   package that registers its ids on import (gymnasium-robotics, a lab's task package, a ``.py`` file in the
   current directory) works from the command line; then ``EnvId`` is treated as above (:func:`resolve_env_id`).
+- ``vectorization="envpool"`` (extra ``envpool``): the ids EnvPool provides run in its C++ thread pool, converted
+  to the same contract (SAME_STEP, Gymnasium's time-limit semantics): :mod:`.envpool_backend`.
 """
 
 from __future__ import annotations
@@ -133,7 +135,9 @@ def make_env(
 
     ``seed`` seeds the first ``reset()`` called with ``seed=None``. ``env_kwargs`` go to the env constructor;
     ``vectorization="async"`` steps Gymnasium and CPU ManiSkill sub-envs in worker processes
-    (``AsyncVectorEnv``; default ``"sync"``; natively batched envs ignore it); for Gymnasium ids
+    (``AsyncVectorEnv``; default ``"sync"``; natively batched envs ignore it); ``vectorization="envpool"`` runs
+    a Gymnasium id through EnvPool's C++ thread pool instead (extra ``envpool``; ids EnvPool provides, e.g. the
+    MuJoCo ones; :mod:`.envpool_backend`); for Gymnasium ids
     ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
@@ -148,11 +152,15 @@ def make_env(
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)
-    if vectorization not in ("sync", "async"):
-        raise ValueError(f"--env-vectorization must be 'sync' or 'async', got {vectorization!r}")
+    if vectorization not in ("sync", "async", "envpool"):
+        raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
 
     randomize_interval = env_kwargs.pop("randomize_interval", None)
-    if env_id == "PushCubeRL":
+    if vectorization == "envpool" and env_id not in BUILTIN_ENV_IDS and not is_maniskill_id(env_id):
+        from cleanrl_embodied.shared.envs.envpool_backend import make_envpool_env  # lazy: optional extra
+
+        env = make_envpool_env(env_id, num_envs, device, seed, **env_kwargs)
+    elif env_id == "PushCubeRL":
         env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)

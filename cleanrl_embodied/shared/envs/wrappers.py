@@ -1,13 +1,14 @@
 """Torch vector-env wrappers that turn any env into the project's env contract.
 
-- :func:`numpy_vector_to_torch`: a numpy Gymnasium vector env -> the full contract (actions clipped and rescaled,
-  :class:`GymnasiumToTorch`, :class:`FlattenDictObservation` for Dict spaces, :class:`EpisodeStatistics`).
+- :func:`numpy_vector_to_torch`: a numpy Gymnasium vector env -> the full contract (:class:`GymnasiumToTorch`
+  with actions rescaled and clipped and episode statistics, :class:`FlattenDictObservation` for Dict spaces).
 - :class:`GymnasiumToTorch`: a numpy Gymnasium vector env (SAME_STEP autoreset) -> torch tensors on a device,
-  with a dense ``info["final_obs"]``, a correct ``info["success"]`` and group resets for GRPO.
+  with a dense ``info["final_obs"]``, a correct ``info["success"]`` and group resets for GRPO; its per-step
+  work is numpy plus one ``torch.from_numpy`` per output (the contract costs little next to the physics).
 - :class:`RenderFirstEnv`, :class:`SafeRender`: ``render()`` gives the first sub-env's frame, or ``None`` with one
   warning, and never raises.
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
-- :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device.
+- :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device (torch envs).
 
 See ``docs/ENV_CONTRACT.md`` and ``docs/INTERFACES.md``.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
-from gymnasium.wrappers.vector import RescaleAction, TransformAction
+from gymnasium.wrappers.utils import rescale_box
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, image_spaces, is_image
@@ -247,6 +248,17 @@ class GymnasiumToTorch(RenderFirstEnv):
     other numeric info arrays converted; object arrays and ``final_info`` are dropped. ``render()`` renders only
     the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
 
+    The per-step work is done on numpy arrays (a tiny numpy op costs well under a microsecond, a tiny torch op
+    a few) and each output becomes a tensor with one ``torch.from_numpy`` (no copy on the CPU; one transfer
+    per output to another device). Two jobs that are separate wrappers elsewhere are fused in here for that
+    reason, each behind a flag (both on in :func:`numpy_vector_to_torch`):
+
+    - ``rescale_actions``: the policy's [-1, 1] is mapped onto the env's bounds with Gymnasium's own
+      ``rescale_box`` arithmetic (``RescaleAction``'s; unbounded components keep the env's scale), then clipped
+      to the bounds, in one pass over the batch instead of two vector wrappers that go row by row.
+    - ``episode_statistics``: ``info["episode"]``/``info["_episode"]`` exactly as :class:`EpisodeStatistics`
+      computes them (float32 return, int32 length, success at the episode's last step), kept in numpy.
+
     Why not ``gymnasium.wrappers.vector.NumpyToTorch`` (gymnasium 1.x)? It needs the optional
     ``array_api_compat`` package (not installed with gymnasium's base requirements), and it converts every
     info entry with ``torch.from_dlpack``: SAME_STEP's ``info["final_obs"]`` is a numpy *object* array
@@ -258,11 +270,14 @@ class GymnasiumToTorch(RenderFirstEnv):
         device: torch device of all outputs.
         seed: used by the first ``reset()`` that gets ``seed=None``, and to seed the generator that draws
             fresh group seeds for ``reset(options={"group_size": G})``.
+        rescale_actions: act in [-1, 1] (Box action spaces; see above); else actions go to ``env`` as given.
+        episode_statistics: add ``info["episode"]`` and ``info["_episode"]`` (see above).
     """
 
     render_hint = MUJOCO_RENDER_HINT
 
-    def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None):
+    def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
+                 rescale_actions: bool = False, episode_statistics: bool = False):
         super().__init__(env)
         if env.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
             raise ValueError(
@@ -270,46 +285,70 @@ class GymnasiumToTorch(RenderFirstEnv):
                 f"got {env.metadata.get('autoreset_mode')}"
             )
         self.device = torch.device(device)
+        self._on_cpu = self.device.type == "cpu"
         self.single_observation_space = _float32_space(env.single_observation_space)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self._seed = seed
         self._first_reset = True
         self._rng = np.random.default_rng(seed)
         self._success_key: str | None = None  # "success" or "is_success", once a sub-env reported it
+        space = env.single_action_space
+        self._action_dtype = space.dtype
+        self._bounds = self._unscale = None
+        if rescale_actions:
+            self._bounds = (space.low, space.high)
+            if np.all(np.isfinite(space.low) & np.isfinite(space.high)):
+                ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
+                self.single_action_space, _, self._unscale = rescale_box(space, -ones, ones)
+                self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.episode_statistics = episode_statistics
+        self._episode_return = np.zeros(self.num_envs, dtype=np.float32)
+        self._episode_length = np.zeros(self.num_envs, dtype=np.int32)
 
     def _render_frames(self):
         sub_envs = getattr(self.env.unwrapped, "envs", None)  # SyncVectorEnv: render the first sub-env only
         return sub_envs[0].render() if sub_envs else self.env.render()  # async: every worker renders
 
     # ---- conversions -------------------------------------------------------------------------------
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A numpy array this wrapper owns -> a tensor on the device (no copy on the CPU)."""
+        tensor = torch.from_numpy(array)
+        return tensor if self._on_cpu else tensor.to(self.device)
+
     def _obs_to_torch(self, obs) -> torch.Tensor | TensorDict:
         if isinstance(obs, dict):
             return TensorDict(self._obs_dict_to_torch(obs), batch_size=[self.num_envs], device=self.device)
-        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self._tensor(np.array(obs, dtype=np.float32))
 
     def _obs_dict_to_torch(self, obs: dict) -> dict:
         return {
             key: self._obs_dict_to_torch(value) if isinstance(value, dict)
-            else torch.as_tensor(value, dtype=torch.uint8 if value.dtype == np.uint8 and value.ndim == 4
-                                 else torch.float32, device=self.device)
+            else self._tensor(np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4
+                                       else np.float32))  # images stay uint8
             for key, value in obs.items()
         }
 
     def _info_to_torch(self, info: dict) -> dict:
-        """Numeric/bool numpy arrays -> tensors (float64 -> float32), nested dicts kept; the rest dropped."""
+        """Numeric/bool numpy arrays -> tensors (float64 -> float32), nested dicts kept; the rest dropped.
+        The vector env builds fresh info arrays at every step, so they are wrapped without a copy."""
         out = {}
         for key, value in info.items():
             if isinstance(value, dict):
                 out[key] = self._info_to_torch(value)
             elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-                tensor = torch.as_tensor(value, device=self.device)
-                out[key] = tensor.float() if tensor.dtype == torch.float64 else tensor
+                out[key] = self._tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
         return out
 
     def _actions_to_numpy(self, actions) -> np.ndarray:
         if isinstance(actions, torch.Tensor):
-            actions = actions.detach().cpu().numpy()
-        return np.asarray(actions, dtype=self.env.single_action_space.dtype)
+            actions = actions.numpy(force=True)  # detached, on the host
+        if self._bounds is None:
+            return np.asarray(actions, dtype=self._action_dtype)
+        actions = np.asarray(actions, dtype=self._action_dtype)
+        # rescale (a new array), or copy: the caller's array must not be clipped in place
+        actions = self._unscale(actions) if self._unscale is not None else actions.copy()
+        low, high = self._bounds
+        return np.minimum(np.maximum(actions, low, out=actions), high, out=actions)  # = np.clip, fewer calls
 
     def _pop_success(self, info: dict, final_info: dict, done: np.ndarray) -> np.ndarray | None:
         """Success of the transition just taken; for finished envs it comes from ``final_info``."""
@@ -350,6 +389,8 @@ class GymnasiumToTorch(RenderFirstEnv):
             seeds = [int(s) for s in np.repeat(group_seeds, group_size)]
         obs, info = self.env.reset(seed=seeds, options=options or None)
         self._first_reset = False
+        self._episode_return[:] = 0.0
+        self._episode_length[:] = 0
         if group_size is not None:
             self._check_identical_groups(obs, int(group_size), seeds)
         for key in ("success", "is_success"):  # a reset describes no transition: no success to report
@@ -375,35 +416,50 @@ class GymnasiumToTorch(RenderFirstEnv):
     def step(self, actions):
         """Step all sub-envs; finished envs are already reset (SAME_STEP), see ``info["final_obs"]``."""
         obs, reward, terminated, truncated, info = self.env.step(self._actions_to_numpy(actions))
-        done = np.logical_or(terminated, truncated)
-        final_obs = info.pop("final_obs", None)
+        reward = np.asarray(reward, dtype=np.float32)  # the vector env returns fresh arrays: no copy needed
+        terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
+        done = terminated | truncated
+        final_obs = info.pop("final_obs", None)  # an object array, present when some env finished
         info.pop("_final_obs", None)
-        final_info = info.pop("final_info", {})
+        final_info = info.pop("final_info", None) or {}
         info.pop("_final_info", None)
         success = self._pop_success(info, final_info, done)
 
-        out = self._info_to_torch(info)
-        obs_t = self._obs_to_torch(obs)
-        if done.any():
-            # Dense final_obs: the current obs, with the rows of finished envs replaced by their last obs.
-            space = self.env.single_observation_space
-            rows = list(iterate(space, obs))
-            for i in np.flatnonzero(done):
-                rows[i] = final_obs[i]
-            dense = concatenate(space, rows, create_empty_array(space, self.num_envs))
-            out["final_obs"] = self._obs_to_torch(dense)
+        out = self._info_to_torch(info) if info else {}
+        if isinstance(obs, dict):
+            obs_t = self._obs_to_torch(obs)
+            if final_obs is not None:
+                # Dense final_obs: the current obs, with the rows of finished envs replaced by their last obs.
+                space = self.env.single_observation_space
+                rows = list(iterate(space, obs))
+                for i in np.flatnonzero(done):
+                    rows[i] = final_obs[i]
+                dense = concatenate(space, rows, create_empty_array(space, self.num_envs))
+                out["final_obs"] = self._obs_to_torch(dense)
+            else:
+                out["final_obs"] = obs_t.clone()
         else:
-            out["final_obs"] = obs_t.clone()
-        out["_final_obs"] = torch.as_tensor(done, device=self.device)
+            obs = np.array(obs, dtype=np.float32)
+            dense = obs.copy()  # the current obs, with the rows of finished envs replaced by their last obs
+            if final_obs is not None:
+                for i in np.flatnonzero(done):
+                    dense[i] = final_obs[i]
+            obs_t, out["final_obs"] = self._tensor(obs), self._tensor(dense)
+        done_t = self._tensor(done)
+        out["_final_obs"] = done_t
         if success is not None:
-            out["success"] = torch.as_tensor(success, device=self.device)
-        return (
-            obs_t,
-            torch.as_tensor(reward, dtype=torch.float32, device=self.device),
-            torch.as_tensor(terminated, dtype=torch.bool, device=self.device),
-            torch.as_tensor(truncated, dtype=torch.bool, device=self.device),
-            out,
-        )
+            out["success"] = self._tensor(success)
+        if self.episode_statistics:
+            episode_return = self._episode_return + reward
+            episode_length = self._episode_length + 1
+            out["episode"] = {"r": self._tensor(episode_return), "l": self._tensor(episode_length),
+                              "success": self._tensor(success.astype(np.float32) if success is not None
+                                                      else np.zeros(self.num_envs, dtype=np.float32))}
+            out["_episode"] = done_t
+            # Finished envs start their next episode from zero (SAME_STEP autoreset already happened).
+            self._episode_return = np.where(done, np.float32(0.0), episode_return)
+            self._episode_length = np.where(done, np.int32(0), episode_length)
+        return obs_t, self._tensor(reward), self._tensor(terminated), self._tensor(truncated), out
 
 
 def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
@@ -420,12 +476,11 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
                           flatten_obs: bool | None = None) -> VectorEnv:
     """A numpy vector env (SAME_STEP autoreset, Box actions) -> the torch env contract.
 
-    Actions are clipped to the env's bounds (innermost, so the env never sees an out-of-bound action, rounding
-    included), then ``RescaleAction`` maps the policy's [-1, 1] onto those bounds (unbounded actions keep the
-    env's own scale). Gymnasium's ``ClipAction`` would do the clip but declares an infinite action space, after
-    which ``RescaleAction`` can't be applied; ``TransformAction`` keeps the space. Then :class:`GymnasiumToTorch`,
-    :class:`FlattenDictObservation` for Dict observations (see :func:`flattens`) and :class:`EpisodeStatistics`.
-    A non-Box action space raises a one-line ValueError (and closes ``env``).
+    :class:`GymnasiumToTorch` with both of its fused jobs: the policy's [-1, 1] rescaled onto the env's bounds
+    (unbounded actions keep the env's own scale) and clipped to them (so the env never sees an out-of-bound
+    action, rounding included), and the episode statistics that :class:`EpisodeStatistics` gives other envs.
+    Then :class:`FlattenDictObservation` for Dict observations (see :func:`flattens`). A non-Box action space
+    raises a one-line ValueError (and closes ``env``).
     """
     try:
         space = env.single_action_space
@@ -434,18 +489,13 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
                 f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
                 "make_env supports continuous (Box) action spaces only"
             )
-        low, high = space.low, space.high
-        env = TransformAction(env, func=lambda actions: np.clip(actions, low, high))
-        if np.all(np.isfinite(low) & np.isfinite(high)):
-            ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
-            env = RescaleAction(env, min_action=-ones, max_action=ones)
-        env = GymnasiumToTorch(env, device=device, seed=seed)
+        env = GymnasiumToTorch(env, device=device, seed=seed, rescale_actions=True, episode_statistics=True)
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     except ValueError:
         env.close()
         raise
-    return EpisodeStatistics(env)
+    return env
 
 
 class IntervalRandomization(VectorWrapper):
