@@ -874,6 +874,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._link_end = torch.tensor([b for (_, b), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
         self._link_fraction = torch.cat(fractions).to(self.device).view(1, -1, 1)
         self._tile_link = torch.arange(2, device=self.device)
+        self._image_start = (torch.arange(self.num_envs, device=self.device) * height * width).view(-1, 1, 1, 1)
         self._palette = self._obs_palette().to(self.device)
 
     def _obs_palette(self) -> torch.Tensor:
@@ -896,8 +897,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     def _tiles(self, x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, shift: float = 0.0):
         """Pixels near the world points x, y [N, M]: rows and columns ``offsets`` away from the pixel holding the
-        point moved by ``shift`` pixels up and left. Returns the flat pixel index (H * W, a spare slot, for pixels
-        outside the image) [N, M, k, k] and world x [N, M, 1, k] and y [N, M, k, 1] of the pixel centres."""
+        point moved by ``shift`` pixels up and left. Returns the index of each pixel in the images of all envs,
+        flattened (N * H * W, a spare slot, for pixels outside the image), [N, M, k, k], and world x [N, M, 1, k]
+        and y [N, M, k, 1] of the pixel centres."""
         height, width = self.image_size
         pixel = self._pixel_size
         col = torch.floor(((x - self._view_x0) / pixel - shift).clamp(-1e6, 1e6)).long()
@@ -905,25 +907,26 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         cols = col[..., None, None] + offsets  # [N, M, 1, k]
         rows = row[..., None, None] + offsets[:, None]  # [N, M, k, 1]
         inside = (cols >= 0) & (cols < width) & (rows >= 0) & (rows < height)
-        flat = torch.where(inside, rows * width + cols, height * width)
+        flat = torch.where(inside, self._image_start + rows * width + cols, self.num_envs * height * width)
         return flat, self._view_x0 + (cols + 0.5) * pixel, self._view_y1 - (rows + 0.5) * pixel
 
     @staticmethod
     def _draw(buffer: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor | None, value, reduce: str = "amax"):
-        """buffer[n, pixel] = max(buffer[n, pixel], value) (or + value, ``reduce="sum"``) where ``mask`` (tile
-        shape; value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot."""
+        """buffer[pixel] = max(buffer[pixel], value) (or + value, ``reduce="sum"``) where ``mask`` (tile shape;
+        value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot (the last)."""
         if mask is not None:
-            flat = torch.where(mask, flat, buffer.shape[1] - 1)
+            flat = torch.where(mask, flat, buffer.shape[0] - 1)
         value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).expand(flat.shape)
-        buffer.scatter_reduce_(1, flat.flatten(1), value.flatten(1), reduce)
+        buffer.scatter_reduce_(0, flat.reshape(-1), value.reshape(-1), reduce)
 
     def _render_obs(self) -> torch.Tensor:
         """uint8 [N, 3, H, W] images of the current state through the observation camera, all envs at once with
         tensor ops on the env's device (no host sync). See the class docstring for what is drawn."""
         num, (height, width) = self.num_envs, self.image_size
         col = lambda t: t.view(num, 1, 1, 1)  # noqa: E731  ([N] -> broadcasts against tiles [N, 1, k, k])
-        # Height map: key = height << MATERIAL_BITS | material, the table (0) everywhere, one spare slot.
-        keys = torch.zeros(num, height * width + 1, dtype=torch.int32, device=self.device)
+        # Height map of all envs' images (flat): key = height << MATERIAL_BITS | material, the table (0)
+        # everywhere, and one spare slot at the end.
+        keys = torch.zeros(num * height * width + 1, dtype=torch.int32, device=self.device)
         goal_x, goal_y = self.goal_xy[:, :1], self.goal_xy[:, 1:]
         for radius, offsets, material in ((self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
                                           (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE)):
@@ -947,7 +950,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         # Palette variant of each pixel, NUM_MATERIALS * (shadow + 2 * link grey level). Arm links first: points
         # along each link, per pixel the highest link's level (a height map of its own).
-        variant = torch.zeros(num, height * width + 1, dtype=torch.int32, device=self.device)
+        variant = torch.zeros_like(keys)
         points = franka.forward_kinematics(self.qpos, self.base_pos)  # [N, 9, 3]
         start, end = points[:, self._link_start], points[:, self._link_end]
         along = start + self._link_fraction * (end - start)  # [N, M, 3]
@@ -958,13 +961,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         # OBS_SHADOW_SLOPE x (TCP height above the surface at that pixel), where the surface is below the TCP.
         flat, px, py = self._tiles(tcp_x.view(num, 1), (tcp_y - OBS_SHADOW_SLOPE * tcp_z).view(num, 1),
                                    self._tile_shadow)  # fmt: skip
-        under = keys.gather(1, flat.flatten(1)).view(flat.shape)
+        under = keys[flat]
         above = col(tcp_z) - (under >> MATERIAL_BITS).float() * HEIGHT_QUANTUM
         inside = (above > 0) & ((under & ((1 << MATERIAL_BITS) - 1)) < MAT_TCP)
         inside &= (px - col(tcp_x)) ** 2 + (py - col(tcp_y) + OBS_SHADOW_SLOPE * above) ** 2 <= self._tcp_disk_radius**2
         self._draw(variant, flat, inside, NUM_MATERIALS, reduce="sum")  # each pixel of the tile once
 
-        index = ((keys[:, :-1] & ((1 << MATERIAL_BITS) - 1)) + variant[:, :-1]).view(-1)
+        index = (keys[:-1] & ((1 << MATERIAL_BITS) - 1)).add_(variant[:-1])
         channels = [channel.index_select(0, index).view(num, height, width) for channel in self._palette]
         return torch.stack(channels, 1)
 
