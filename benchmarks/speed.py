@@ -25,7 +25,7 @@ Parts, measured one after another in this one invocation (threads pinned, warm-u
    each measured side by side in this process, repeats interleaved: env-only, the raw Gymnasium vector env with
    numpy actions vs `make_env` with the same actions ("contract overhead", target <= 10%; and EnvPool when
    installed); a rollout as ppo_continuous does it, through its public `Agent`/`policy_step` and the shared
-   storage/bookkeeping, vs the raw env plus one batched `policy_step` per step ("rollout overhead", target <= 15%);
+   storage/bookkeeping, vs `make_env` plus one batched `policy_step` per step ("rollout overhead", target <= 15%);
    and part 3's breakdown of the real main() with benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt's flags.
    Alone it writes `speed-gym-cpu` (results folder and RESULTS.md section):
        uv run python benchmarks/speed.py --parts gym
@@ -415,7 +415,7 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     """Seconds per env step (all envs) of, side by side in this process: the raw Gymnasium vector env with
     numpy actions; make_env with the same actions as tensors (and make_env(vectorization="envpool") when
     installed); a rollout as ppo_continuous does it (its public `Agent`/`policy_step`, storage writes, the
-    env step, V(final_obs), its rollout bookkeeping) and the same rollout's floor: the raw env plus one
+    env step, V(final_obs), its rollout bookkeeping) and the same rollout's floor: `make_env` plus one
     batched `policy_step` per step."""
     import importlib.util
 
@@ -435,10 +435,11 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     scaled = (space.low + (space.high - space.low) * (unit + 1) / 2).astype(space.dtype)  # what make_env sends
     unit_t = torch.from_numpy(unit)
     args = tyro.cli(ppo.Args, args=gym_config_flags(env_id))
-    obs_dim, act_dim = ours.single_observation_space.shape[0], ours.single_action_space.shape[0]
-    agent = ppo.Agent(obs_dim, act_dim, args)
-    raw_obs, _ = raw.reset(seed=0)
-    state = {"obs": ours.reset()[0], "raw_obs": raw_obs}
+    act_dim = ours.single_action_space.shape[0]
+    agent = ppo.Agent(ours.single_observation_space, ours.single_action_space, args)
+    floor_env = make_env(env_id, num_envs, "cpu", seed=0)
+    raw.reset(seed=0)
+    state = {"obs": ours.reset()[0], "floor_obs": floor_env.reset()[0]}
     if pool is not None:
         pool.reset()
 
@@ -450,18 +451,16 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
         for t in range(steps):
             env.step(unit_t[t])
 
-    def rollout_floor():
+    def rollout_floor():  # the env contract plus one batched policy step per env step, nothing else
         with torch.no_grad():
-            obs = state["raw_obs"]
+            obs = state["floor_obs"]
             for _ in range(steps):
-                out = ppo.policy_step(agent, torch.from_numpy(np.asarray(obs, dtype=np.float32)))
-                actions = out["action"].numpy().clip(-1, 1)
-                obs = raw.step(space.low + (space.high - space.low) * (actions + 1) / 2)[0]
-            state["raw_obs"] = obs
+                obs = floor_env.step(ppo.policy_step(agent, obs)["action"])[0]
+            state["floor_obs"] = obs
 
-    def rollout_trainer():  # the body of ppo_continuous's rollout loop, through its public functions
+    def rollout_trainer():  # the body of ppo_continuous's rollout loop (CPU), through its public functions
         storage = rollout_storage(
-            steps, num_envs, "cpu", obs=((obs_dim,), torch.float32), action=((act_dim,), torch.float32),
+            steps, num_envs, "cpu", obs=ours.single_observation_space, action=((act_dim,), torch.float32),
             logprob=((), torch.float32), value=((), torch.float32), final_value=((), torch.float32),
             reward=((), torch.float32), terminated=((), torch.bool), done=((), torch.bool))
         stats, watch, next_obs = RolloutStats("cpu"), NonFiniteWatch(num_envs, "cpu"), state["obs"]
@@ -472,11 +471,14 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
                 for key in ("action", "logprob", "value"):
                     storage[key][step] = out[key]
                 next_obs, reward, terminated, truncated, info = ours.step(out["action"])
-                storage["final_value"][step] = agent.get_value(info["final_obs"])
                 storage["reward"][step], storage["terminated"][step] = reward, terminated
-                storage["done"][step] = terminated | truncated
-                watch.update(step, next_obs, info["final_obs"], reward)
-                stats.add(info)
+                storage["done"][step] = done = terminated | truncated
+                stats.add_reward_terms(info)
+                if done.any():
+                    storage["final_value"][step] = agent.get_value(info["final_obs"])
+                    watch.update_final(step, info["final_obs"], done)
+                    stats.add_episodes(info)
+            watch.update_rollout(storage["obs"], next_obs, storage["reward"])
         state["obs"] = next_obs
 
     runs = {"env_raw": env_raw, "env_contract": env_contract, "rollout_floor": rollout_floor,
@@ -484,7 +486,7 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     if pool is not None:
         runs["env_envpool"] = lambda: env_contract(pool)
     result = {k: v / steps for k, v in _interleaved(runs, repeats).items()}
-    for env in (raw, ours, pool):
+    for env in (raw, ours, floor_env, pool):
         if env is not None:
             env.close()
     return result
@@ -530,7 +532,7 @@ def gym_tables(gym: dict) -> list[str]:
     parts = ["**Gymnasium ids: what the env contract and the trainer's rollout add** (CPU, microseconds per env step "
              "of all envs, medians of interleaved repeats in one process; env-only: the raw Gymnasium vector env "
              "with numpy actions vs `make_env` with the same actions; rollout: ppo_continuous's rollout body "
-             "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs the raw env plus one batched "
+             "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs `make_env` plus one batched "
              "`policy_step`):", "",
              md_table(["env", "num_envs", "raw env", "make_env", "contract overhead", "envpool", "rollout floor",
                        "trainer rollout", "rollout overhead"], rows), ""]
