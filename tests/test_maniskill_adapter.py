@@ -204,7 +204,7 @@ def test_maniskill_ids_are_recognized_by_their_registration_and_routed(monkeypat
     monkeypatch.setattr(maniskill, "make_maniskill_env", fake_make)
     env = make_env(FAKE_MS_ID, num_envs=3, seed=1, control_mode="pd_joint_delta_pos")
     assert seen == {"env_id": FAKE_MS_ID, "num_envs": 3, "seed": 1,
-                    "kwargs": {"vectorization": "sync", "control_mode": "pd_joint_delta_pos"}}
+                    "kwargs": {"vectorization": "sync", "flatten_obs": None, "control_mode": "pd_joint_delta_pos"}}
     assert env.reset()[0].shape == (3, 3)
 
 
