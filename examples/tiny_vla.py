@@ -156,17 +156,19 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, model_path: st
         if config:
             raise SystemExit(f"error: model_path {model_path!r} fixes the config; drop {sorted(config)} "
                              "from --policy-kwargs")
-        model, source = load_pretrained(model_path), f"model_path {model_path!r}"
+        model = load_pretrained(model_path)
+        check_spaces(model.config, obs_space, act_space, f"model_path {model_path!r}")
     else:
         spaces = obs_space.spaces if isinstance(obs_space, gym.spaces.Dict) else {}
-        image = spaces["rgb"].shape[1:] if "rgb" in spaces else (0, 0)  # check_spaces names what is missing
+        image = spaces["rgb"].shape[1:] if "rgb" in spaces else (64, 64)  # check_spaces names what is missing
         state = spaces["state"].shape[0] if "state" in spaces else 0
         defaults = {"image_size": image, "state_dim": state, "action_dim": act_space.shape[0]}
         try:
-            model, source = TinyVLA(TinyVLAConfig(**{**defaults, **config})), "TinyVLA"
+            model_config = TinyVLAConfig(**{**defaults, **config})
         except TypeError as e:
             raise SystemExit(f"error: --policy-kwargs: {e}") from None
-    check_spaces(model.config, obs_space, act_space, source)
+        check_spaces(model_config, obs_space, act_space, "TinyVLA")  # before building: the CNN needs the image
+        model = TinyVLA(model_config)
     if freeze_encoder:
         model.encoder.requires_grad_(False)
     return model

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from cleanrl_embodied import grpo, ppo_async
 from examples import tiny_vla
 from examples.tiny_vla import TinyVLA, TinyVLAConfig, load_pretrained, make_policy, save_pretrained
 
+REPO = Path(__file__).resolve().parents[1]
 SIZE = 36
 ENV_KWARGS = json.dumps({"obs_mode": "rgb", "image_size": SIZE})
 POLICY = "examples.tiny_vla:make_policy"
@@ -71,7 +75,7 @@ def ppo_run(pretrained, tmp_path_factory) -> dict:
     return ppo_async.main(args) | {"args": args}
 
 
-def test_save_load_round_trip_gives_identical_outputs(tmp_path, pretrained, capsys):
+def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     torch.manual_seed(3)
     model = TinyVLA(TinyVLAConfig(image_size=[SIZE, 40], state_dim=31, instruction="push it"))
     with torch.no_grad():
@@ -93,8 +97,18 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path, pretrained, caps
     # the instruction is part of the model: another instruction gives another embedding, the same one the same
     assert torch.equal(loaded.instruction, tiny_vla.embed_instruction("push it", 32))
     assert not torch.allclose(loaded.instruction, tiny_vla.embed_instruction("push the cube", 32))
-    # the fixture's file came from the command-line entry point, which reports the inference time
-    assert isinstance(load_pretrained(pretrained), TinyVLA)
+
+
+def test_script_writes_a_file_that_names_the_importable_class(tmp_path):
+    """`python examples/tiny_vla.py --out F` (the README's first step) runs as __main__ yet records the class
+    under its importable name, so the trainers can rebuild it; it reports the inference latency."""
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "tiny_vla.py"), "--out", str(tmp_path / "f.pt"),
+                          "--image-size", "40"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"inference [0-9.]+ ms per call \(median, batch 8, 40x40", out.stdout), out.stdout
+    assert torch.load(tmp_path / "f.pt", weights_only=True)["model_class"] == "examples.tiny_vla:TinyVLA"
+    assert load_pretrained(tmp_path / "f.pt").config.image_size == (40, 40)
 
 
 def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
@@ -110,6 +124,11 @@ def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
         with pytest.raises(SystemExit) as excinfo:
             make_policy(*rgb_spaces(), args, **kwargs)
         assert needle in one_line_exit(excinfo)
+    fresh = make_policy(*rgb_spaces(size=40), args, width=24)  # no file: sizes from the spaces, the rest from kwargs
+    assert (fresh.config.image_size, fresh.config.width, fresh.config.action_dim) == ((40, 40), 24, 7)
+    with pytest.raises(SystemExit) as excinfo:  # a fresh model on state observations: no image to read
+        make_policy(gym.spaces.Box(-1, 1, (31,)), rgb_spaces()[1], args)
+    assert "'rgb'" in one_line_exit(excinfo)
     with pytest.raises(SystemExit) as excinfo:
         make_policy(*rgb_spaces(), ppo_async.Args(norm_obs=True))
     assert "--norm-obs" in one_line_exit(excinfo)
