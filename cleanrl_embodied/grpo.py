@@ -82,7 +82,7 @@ class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation
     kl_coef: float = 0.0
     """coefficient of the k3 KL penalty to the frozen reference policy (0: logged only)"""
     ref_checkpoint: str | None = None
-    """reference policy (and initial policy) from a grpo or ppo_continuous checkpoint; default: the initial policy"""
+    """reference policy (and initial policy) from a grpo or PPO-trainer checkpoint; default: the initial policy"""
     max_grad_norm: float = 0.5
     """global gradient-norm clipping"""
     target_kl: float | None = 0.1
@@ -265,8 +265,9 @@ def main(args: Args) -> dict:
     path, ckpt_flag = args.resume or args.eval_checkpoint, "resume" if args.resume else "eval_checkpoint"
     ckpt = load_checkpoint(path, ckpt_flag, ["grpo"], args, same + (
         ("num_envs", "group_size", "learning_rate", "anneal_lr") if args.resume else ())) if path else None
-    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ["grpo", "ppo_continuous", "ppo_ddp"], args,
-                               same) if args.ref_checkpoint else None
+    ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
+    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) \
+        if args.ref_checkpoint else None
     if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
         fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
     seed_everything(args.seed, args.torch_deterministic)
