@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from cleanrl_embodied.shared import check_env_id, make_env
 from cleanrl_embodied.shared.envs import maniskill
@@ -289,3 +290,43 @@ def test_ppo_smoke_run_on_real_pushcube(tmp_path):
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 200 and summary["eval"]["success_rate"] is not None
     assert math.isfinite(summary["eval"]["episodic_return"])
+
+
+class FakeRGBManiSkillVectorEnv(FakeManiSkillVectorEnv):
+    """The fake with ManiSkill's rgb observation layout: camera images uint8 [N, H, W, 3] under sensor_data and
+    the cameras' matrices under sensor_param; the image's red channel at column 0 encodes the point's position."""
+
+    def __init__(self, goals, **kwargs):
+        super().__init__(goals, dict_obs=True, **kwargs)
+        space = dict(self.single_observation_space.spaces)
+        space["sensor_data"] = gym.spaces.Dict({"cam": gym.spaces.Dict(
+            {"rgb": gym.spaces.Box(0, 255, (8, 10, 3), np.uint8)})})
+        space["sensor_param"] = gym.spaces.Dict({"cam": gym.spaces.Dict(
+            {"extrinsic_cv": gym.spaces.Box(-np.inf, np.inf, (3, 4), np.float32)})})
+        self.single_observation_space = gym.spaces.Dict(space)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+
+    def _obs(self):
+        obs = super()._obs()
+        rgb = torch.zeros(self.num_envs, 8, 10, 3, dtype=torch.uint8)
+        rgb[:, :, 0, 0] = (self.pos.clamp(-10, 10) * 10 + 100).to(torch.uint8)[:, None]
+        return {**obs, "sensor_data": {"cam": {"rgb": rgb}},
+                "sensor_param": {"cam": {"extrinsic_cv": torch.ones(self.num_envs, 3, 4)}}}
+
+
+def test_maniskill_rgb_observations_stay_uint8_channels_first_and_camera_matrices_go():
+    env = maniskill.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", seed=0)
+    space = env.single_observation_space
+    assert "sensor_param" not in space.spaces
+    assert space["sensor_data"]["cam"]["rgb"] == gym.spaces.Box(0, 255, (3, 8, 10), np.uint8)
+    obs, _ = env.reset()
+    rgb = obs["sensor_data", "cam", "rgb"]
+    assert isinstance(obs, TensorDict) and "sensor_param" not in obs.keys()
+    assert rgb.dtype == torch.uint8 and rgb.shape == (2, 3, 8, 10)
+    assert obs["pos"].dtype == torch.float32
+    before = rgb[:, 0, :, 0].clone()
+    obs, _, _, _, info = env.step(torch.ones(2, 1))
+    assert (obs["sensor_data", "cam", "rgb"][:, 0, :, 0] != before).all()  # the image moved with the point
+    assert info["final_obs"]["sensor_data", "cam", "rgb"].dtype == torch.uint8
+    flat = maniskill.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", flatten_obs=True)
+    assert flat.reset()[0].shape == (2, 1 + 2 + 3 * 8 * 10)  # pos, goal, t and the image; no camera matrices
