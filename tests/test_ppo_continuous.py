@@ -91,6 +91,7 @@ def test_runs_unchanged_on_pendulum(tmp_path):
     ({"env_kwargs": "not json"}, "--env-kwargs"),
     ({"policy": "no_such_module:make_agent"}, "--policy"),
     ({"policy": "toy_policies"}, "--policy"),
+    ({"policy": "toy_policies:without_forward"}, "forward"),  # a module that lacks the one-pass forward
     ({"num_envs": 2, "num_steps": 2, "num_minibatches": 4}, "--num-minibatches"),  # minibatches of 1 sample
     ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
     ({"cudagraphs": True}, "--cudagraphs"),

@@ -111,3 +111,21 @@ def recording(obs_space, act_space, args, rollout_ms: float = 0.0):
         return d
 
     return _with_hook(args, hook, obs_space, act_space)
+
+
+def without_forward(obs_space, act_space, args):
+    """A module with `dist` and `get_value` but no `forward` of its own (what the PPO trainers call per step)."""
+    inner = _agent_class(args)(obs_space, act_space, args)
+
+    class NoForward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def dist(self, obs):
+            return self.inner.dist(obs)
+
+        def get_value(self, obs):
+            return self.inner.get_value(obs)
+
+    return NoForward()

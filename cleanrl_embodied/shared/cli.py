@@ -162,7 +162,9 @@ def build_policy(args: Any, envs, needs: Iterable[str]) -> torch.nn.Module:
     module = factory(envs.single_observation_space, envs.single_action_space, args, **json.loads(args.policy_kwargs))
     if not isinstance(module, torch.nn.Module):
         fail(f"--policy {spec}: the factory must return a torch.nn.Module, got {type(module).__name__}")
-    missing = [name for name in needs if not hasattr(module, name)]
+    # every nn.Module has a `forward` attribute (one that raises): only a class's own counts as provided
+    missing = [name for name in needs if not hasattr(module, name)
+               or (name == "forward" and type(module).forward is torch.nn.Module.forward)]
     if missing:
         fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/POLICIES.md: what a policy provides)")
     return module
