@@ -28,20 +28,14 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, flat_dim, rollout_storage
 from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
+from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
-from cleanrl_embodied.shared.tensordict_helpers import (
-    flat_dim,
-    from_saved,
-    image_spaces,
-    saveable,
-    state_dim,
-    state_vector,
-)
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 
 @dataclass
@@ -137,7 +131,7 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
 
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -149,28 +143,6 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
         layers += [layer_init(nn.Linear(last, h)), nn.Tanh()]
         last = h
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
-
-
-class PixelEncoder(nn.Module):
-    """TensorDict observations with images: each uint8 image [3, H, W] (scaled to [0, 1]) through its own small
-    CNN (the NatureCNN layers of the CleanRL and ManiSkill pixel baselines; H, W >= 36), concatenated with the
-    (normalized) float entries. Actor and critic share it, so both losses train it."""
-
-    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
-        super().__init__()
-        self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
-        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
-            convs = nn.Sequential(
-                layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
-            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
-            self.cnns.append(nn.Sequential(convs, layer_init(nn.Linear(flat, features)), nn.ReLU()))
-        self.out_dim = features * len(self.keys) + state_dim
-
-    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
-        images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
-        return torch.cat([*images, state], -1)
 
 
 class Agent(nn.Module):

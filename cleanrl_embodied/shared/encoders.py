@@ -1,0 +1,42 @@
+"""Image encoders the trainers' built-in agents share: a network piece, no training logic (the agents' heads,
+distributions and losses stay in each trainer script)."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+import torch.nn as nn
+from tensordict import TensorDict
+
+from cleanrl_embodied.shared.tensordict_helpers import image_spaces
+
+
+def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images -> one feature vector per row: each uint8 image [C, H, W] (scaled to
+    [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and ManiSkill pixel
+    baselines; H, W >= 36) and a ReLU layer of ``features``, concatenated with the (already normalized) float
+    entries ``state``. Orthogonal init with gain sqrt(2), zero biases."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            convs = nn.Sequential(
+                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.ReLU()))
+        self.out_dim = features * len(self.keys) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
+        return torch.cat([*images, state], -1)
