@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 __all__ = ["PointReach"]
 
@@ -110,3 +111,8 @@ for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True}, {"pixels": True})):
 def spaces(obs_dim: int, act_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Box]:
     """Observation and action Boxes of these sizes, for building a trainer's Agent directly."""
     return gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32), gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
+
+
+def random_actions(shape, seed: int) -> torch.Tensor:
+    """Uniform actions in [-1, 1] of ``shape`` from their own seeded generator."""
+    return 2 * torch.rand(shape, generator=torch.Generator().manual_seed(seed)) - 1

@@ -22,13 +22,7 @@ QPOS, TCP, CUBE, GOAL = slice(0, 7), slice(14, 17), slice(17, 20), slice(22, 25)
 PUSH_HEIGHT = 0.02
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Pin torch to one thread: the test machine has 2 shared cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 def random_actions(num_envs: int, seed: int, scale: float = 1.0) -> torch.Tensor:

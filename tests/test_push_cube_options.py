@@ -16,22 +16,14 @@ from cleanrl_embodied.shared.envs.push_cube import (
     TCP_RADIUS,
     PushCubeRLVecEnv,
 )
+from tests.envs_for_tests import random_actions
 
 HIGH_BASE = (-0.615, 0.0, 1.0)  # base 1 m above the table: the arm can reach neither the table nor the cube
 VELOCITY_LIMIT, ACCELERATION_LIMIT = franka.motion_limits()
 LOWER, UPPER = franka.joint_limits()
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def random_actions(shape, seed: int) -> torch.Tensor:
-    return 2 * torch.rand(shape, generator=torch.Generator().manual_seed(seed)) - 1
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 # --------------------------------------------------------------------------- arm limits

@@ -10,20 +10,12 @@ from tensordict import TensorDict
 
 import cleanrl_embodied.shared.envs  # noqa: F401  (registers PushCubeRL)
 from cleanrl_embodied.shared.envs.push_cube import OBS_DIM, PushCubeRLVecEnv
+from tests.envs_for_tests import random_actions
 
 N = 4
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def random_actions(shape, seed: int) -> torch.Tensor:
-    return 2 * torch.rand(shape, generator=torch.Generator().manual_seed(seed)) - 1
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 def cube_mask(rgb: torch.Tensor) -> torch.Tensor:
