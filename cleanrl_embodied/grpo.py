@@ -293,7 +293,7 @@ def main(args: Args) -> dict:
         return Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video).run_checkpoint(
             act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device)
+    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])

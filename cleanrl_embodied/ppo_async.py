@@ -449,7 +449,7 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device)
+    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)

@@ -339,7 +339,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     # world share a seed. Rank 0 alone evaluates (fresh starts per evaluation, seeded apart from these).
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
         else None
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device)
+    envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device, like=eval_envs)
     obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
     if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
         fail(f"checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "

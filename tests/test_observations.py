@@ -144,3 +144,16 @@ def test_grpo_builtin_actor_refuses_image_observations_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         grpo.main(args)
     assert "--policy" in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+@pytest.mark.parametrize("module", [ppo, ppo_async, grpo])
+def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line(tmp_path, module):
+    """An obs_mode given in --env-kwargs only would build the policy for the eval envs' flat observations and
+    crash in the first rollout: it is refused before training starts, naming both flags."""
+    extra = {"group_size": 2} if module is grpo else {}
+    args = module.Args(env_id="PushCubeRL", env_kwargs='{"obs_mode": "rgb", "image_size": 36}', num_envs=2,
+                       num_eval_envs=2, num_eval_episodes=2, output_dir=str(tmp_path), cuda=False, **extra)
+    with pytest.raises(SystemExit) as e:
+        module.main(args)
+    message = str(e.value.code)
+    assert "--env-kwargs and --eval-env-kwargs" in message and "observation" in message and "\n" not in message

@@ -128,14 +128,21 @@ def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[s
             fail(str(e), show)
 
 
-def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: torch.device):
+def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: torch.device, like=None):
     """``make_env(args.env_id, ...)`` with the JSON env kwargs of ``args.<kwargs_flag>``; a bad keyword
-    argument becomes one line naming the flag that carried it."""
+    argument becomes one line naming the flag that carried it. ``like``: envs (the eval envs) whose observation
+    and action spaces these must have, since one policy acts in both."""
     try:
-        return make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
+        envs = make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
                         vectorization=args.env_vectorization, **json.loads(getattr(args, kwargs_flag)))
     except (TypeError, ValueError) as e:
         fail(f"{flag(kwargs_flag)} / --env-id {args.env_id}: {e}")
+    for name in ("single_observation_space", "single_action_space") if like is not None else ():
+        if getattr(envs, name) != getattr(like, name):
+            fail(f"{flag(kwargs_flag)} and --eval-env-kwargs give envs of different {name.split('_')[1]} spaces "
+                 f"({getattr(envs, name)} vs {getattr(like, name)}): options that change them (e.g. obs_mode, "
+                 f"image_size, action_mode) must be given in both")
+    return envs
 
 
 def load_factory(spec: str, flag_name: str) -> Callable:
