@@ -22,7 +22,8 @@ scalars. Written to `--out` (default `benchmarks/results/<suite>-<device>/`):
 Flags of a run, later ones replacing earlier ones: `--save-freq 0` and the device flag; the file
 `benchmarks/configs/<script>__<task>.txt` (see configs/README.md); the suite's overrides below (QUICK: shorter
 budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies
-`--total-timesteps` at the end.
+`--total-timesteps` at the end. A task is an env id, or an env id and a variant after "@" (`PushCubeRL@rgb`:
+the same env with the options of its config file, judged like the env id).
 
 Wall time of a curve point is the trainer's own loop time at that iteration (global_step / charts/SPS),
 so it includes earlier evaluations and excludes start-up. On CPU with --torch-deterministic the same
@@ -105,7 +106,7 @@ class Args:
     scripts: tuple[str, ...] = ()
     """only these scripts (default: all of the suite)"""
     tasks: tuple[str, ...] = ()
-    """only these env ids (default: all of the suite)"""
+    """only these tasks: env ids, or env id@variant (default: all of the suite)"""
     extra: str = ""
     """flags added to every run, with "=" and in quotes, e.g. --extra="--num-envs 512"; they replace the config's"""
     budget_scale: float = 1.0
@@ -175,10 +176,10 @@ def plan(args: Args, device: str) -> list[RunSpec]:
         if path is None:
             fail(f"no flags for {script} on {task}: add benchmarks/configs/{script}__{task}.txt")
         config = read_flags(path)
-        if get_flag(config, "--env-id") not in (None, [task]):
-            fail(f"{path} sets --env-id {get_flag(config, '--env-id')}, but its name says {task}")
+        if get_flag(config, "--env-id") not in (None, [env_id(task)]):
+            fail(f"{path} sets --env-id {get_flag(config, '--env-id')}, but its name says {env_id(task)}")
         base = ["--save-freq", "0", "--cuda" if device == "cuda" else "--no-cuda"]
-        flags = merge_flags(base, config, shlex.split(overrides), shlex.split(args.extra), ["--env-id", task])
+        flags = merge_flags(base, config, shlex.split(overrides), shlex.split(args.extra), ["--env-id", env_id(task)])
         flags = scale_budget(flags, args.budget_scale, path)
         specs += [RunSpec(script, task, seed, flags) for seed in range(1, num_seeds + 1)]
     return specs
@@ -262,8 +263,13 @@ def compare_scalars(a: dict, b: dict) -> dict:
 
 
 # ---- aggregation ----------------------------------------------------------------------------------
+def env_id(task: str) -> str:
+    """The env id of a task: ``PushCubeRL@rgb`` -> ``PushCubeRL``."""
+    return task.partition("@")[0]
+
+
 def task_metric(task: str) -> tuple[str, float | None]:
-    return TASKS.get(task, DEFAULT_TASK)
+    return TASKS.get(env_id(task), DEFAULT_TASK)
 
 
 def fmt_mean_std(values: list[float], digits: int) -> str:

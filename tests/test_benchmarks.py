@@ -158,9 +158,9 @@ def test_read_and_merge_flags(tmp_path):
 def test_every_config_file_parses_with_its_script(script, task):
     """Flag names and values of every config are accepted by the script's own Args (nothing is run)."""
     module = importlib.import_module(f"cleanrl_embodied.{script}")
-    flags = benchlib.merge_flags(benchlib.read_flags(run.config_path(script, task)), ["--env-id", task])
+    flags = benchlib.merge_flags(benchlib.read_flags(run.config_path(script, task)), ["--env-id", run.env_id(task)])
     args = tyro.cli(module.Args, args=flags)
-    assert args.env_id == task and args.total_timesteps > 0
+    assert args.env_id == task.partition("@")[0] and args.total_timesteps > 0
 
 
 def test_suite_plans():
@@ -173,6 +173,10 @@ def test_suite_plans():
     assert len(scaled) == 5 and benchlib.get_flag(scaled[0].flags, "--total-timesteps") == ["192000"]
     full = run.plan(run.Args(suite="full", seeds=1), "cuda")
     assert {(s.script, s.task) for s in full} == set(run.config_pairs())
+    pixels = next(s for s in full if s.task == "PushCubeRL@rgb")  # a variant: the env id and its config's options
+    assert benchlib.get_flag(pixels.flags, "--env-id") == ["PushCubeRL"]
+    assert "rgb" in benchlib.get_flag(pixels.flags, "--env-kwargs")[0]
+    assert run.task_metric("PushCubeRL@rgb") == run.task_metric("PushCubeRL") == ("success_rate", 0.9)
     with pytest.raises(SystemExit, match="Nope-v0 is not in suite 'quick'"):
         run.plan(run.Args(suite="quick", tasks=("Nope-v0", "PushCubeRL")), "cpu")
     with pytest.raises(SystemExit, match="that combination"):

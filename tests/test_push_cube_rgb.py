@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 import cleanrl_embodied.shared.envs  # noqa: F401  (registers PushCubeRL)
-from cleanrl_embodied.shared.envs.push_cube import OBS_DIM, PushCubeRLVecEnv
+from cleanrl_embodied.shared.envs.push_cube import OBS_DIM, OBS_LAYOUT, PushCubeRLVecEnv
 from tests.envs_for_tests import random_actions
 
 N = 4
@@ -48,17 +48,18 @@ def set_state(env: PushCubeRLVecEnv, **values: torch.Tensor) -> None:
 
 
 # --------------------------------------------------------------------------- structure
-@pytest.mark.parametrize("obs_mode", ["rgb", "state+rgb"])
+@pytest.mark.parametrize("obs_mode", ["rgb", "proprio+rgb", "state+rgb"])
 def test_rgb_modes_shapes_dtypes_and_spaces(obs_mode):
     env = PushCubeRLVecEnv(num_envs=N, seed=0, obs_mode=obs_mode)
     keys = {"rgb"} if obs_mode == "rgb" else {"state", "rgb"}
+    state_dim = {"proprio+rgb": 17, "state+rgb": OBS_DIM}.get(obs_mode)
     space = env.single_observation_space
     assert isinstance(space, gym.spaces.Dict) and set(space.spaces) == keys
     assert space["rgb"].shape == (3, 64, 64) and space["rgb"].dtype == np.uint8
     assert space["rgb"].low.min() == 0 and space["rgb"].high.max() == 255
     assert env.observation_space["rgb"].shape == (N, 3, 64, 64)
-    if obs_mode == "state+rgb":
-        assert space["state"].shape == (OBS_DIM,) and space["state"].dtype == np.float32
+    if state_dim:
+        assert space["state"].shape == (state_dim,) and space["state"].dtype == np.float32
     obs, _ = env.reset(seed=1)
     obs2, _, _, _, info = env.step(random_actions((N, 7), 0))
     for value in (obs, obs2, info["final_obs"]):
@@ -66,8 +67,8 @@ def test_rgb_modes_shapes_dtypes_and_spaces(obs_mode):
         assert value.device == env.device
         assert value["rgb"].shape == (N, 3, 64, 64) and value["rgb"].dtype == torch.uint8
         assert value["rgb"].device == env.device and value["rgb"].is_contiguous()
-        if obs_mode == "state+rgb":
-            assert value["state"].shape == (N, OBS_DIM) and value["state"].dtype == torch.float32
+        if state_dim:
+            assert value["state"].shape == (N, state_dim) and value["state"].dtype == torch.float32
         assert space["rgb"].contains(value["rgb"][0].numpy())
 
 
@@ -267,3 +268,18 @@ def test_tcp_shadow_meets_the_tcp_when_it_is_down():
     for _ in range(15):
         obs, *_ = env.step(torch.tensor([[0.0, 0.0, -1.0]]))
     assert env.tcp_pos[0, 2] < 0.06 and shadow_gap(obs["rgb"][0]) < 3
+
+
+def test_proprio_rgb_state_is_the_robots_part_of_the_state_observation():
+    """proprio+rgb: qpos, qvel and tcp_pos exactly as the state mode has them (noise included), the same images
+    as rgb; nothing about the cube or the goal outside the image."""
+    kwargs = dict(num_envs=N, max_episode_steps=6, obs_noise_std=0.01, image_size=40)
+    envs = [PushCubeRLVecEnv(seed=0, obs_mode=mode, **kwargs) for mode in ("proprio+rgb", "state", "rgb")]
+    outs = [env.reset(seed=2)[0] for env in envs]
+    for step in range(8):  # through an autoreset
+        actions = random_actions((N, 7), step)
+        (p, s, r) = outs
+        assert torch.equal(p["state"], s[:, :17]) and torch.equal(p["rgb"], r["rgb"])
+        outs = [env.step(actions)[0] for env in envs]
+    names = [name for _, name, _ in OBS_LAYOUT]
+    assert names[:3] == ["qpos", "qvel", "tcp_pos"] and sum(size for _, _, size in OBS_LAYOUT[:3]) == 17

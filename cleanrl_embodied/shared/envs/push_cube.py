@@ -120,10 +120,11 @@ CAMERA_POSES = {
 }
 CAMERA_FOV = math.radians(50.0)  # horizontal field of view
 
-# Image observations (obs_mode "rgb" and "state+rgb"): a top-down orthographic height-map camera over the part
-# of the table where the cube, the goal and the pushing TCP can be (see the class docstring).
-OBS_MODES = ("state", "dict", "rgb", "state+rgb")
-IMAGE_OBS_MODES = ("rgb", "state+rgb")
+# Image observations (obs_mode "rgb", "proprio+rgb" and "state+rgb"): a top-down orthographic height-map camera
+# over the part of the table where the cube, the goal and the pushing TCP can be (see the class docstring).
+OBS_MODES = ("state", "dict", "rgb", "proprio+rgb", "state+rgb")
+IMAGE_OBS_MODES = ("rgb", "proprio+rgb", "state+rgb")
+PROPRIO_DIM = 17  # qpos, qvel, tcp_pos: the first entries of the state observation (OBS_LAYOUT)
 DEFAULT_IMAGE_SIZE = 64
 OBS_VIEW_MARGIN = 0.02  # metres of table shown beyond the farthest push point, cube corner and goal centre
 OBS_TABLE_COLOR = (0.78, 0.78, 0.75)
@@ -155,8 +156,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     Observation (state mode, float32 [N, 31]): qpos (7), qvel (7), tcp_pos (3), cube_pos (3),
     sin/cos of the cube yaw (2), goal_pos (3), tcp->cube (3), cube->goal (3). ``obs_mode="dict"``
     returns the same values as a nested TensorDict {"robot", "object", "goal"} of batch size [N].
-    ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]} and ``"state+rgb"`` a TensorDict
-    {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]} (``image_size``, default 64 x 64);
+    ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]}, ``"proprio+rgb"`` adds the robot's
+    own state {"state": float32 [N, 17]} (qpos, qvel, tcp_pos: what ManiSkill's rgb mode gives a policy
+    besides the camera; cube and goal are seen only in the image) and ``"state+rgb"`` the full state
+    {"state": float32 [N, 31]} (``image_size``, default 64 x 64);
     ``info["final_obs"]`` has the same structure. Observation noise applies to the state only.
 
     Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y), cropped
@@ -245,8 +248,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             seed: seed of the env's own generator (None: a random seed).
             max_episode_steps: control steps before an episode is truncated.
             obs_mode: "state" (flat float32 [N, 31]), "dict" (nested TensorDict), "rgb" (TensorDict {"rgb":
-                uint8 [N, 3, H, W]} from the observation camera, see the class docstring) or "state+rgb"
-                (TensorDict {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]}).
+                uint8 [N, 3, H, W]} from the observation camera, see the class docstring), "proprio+rgb"
+                ({"state": float32 [N, 17] (qpos, qvel, tcp_pos), "rgb"}) or "state+rgb" ({"state": float32
+                [N, 31], "rgb"}).
             action_mode: "joint_delta" (7 joint deltas), "joint_pos" (7 absolute joint positions, -1..1
                 spanning each joint's limits) or "ee_delta_pos" (3 TCP deltas in the world frame, through the
                 damped least-squares inverse of the TCP Jacobian).
@@ -343,6 +347,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             self.single_observation_space = state_space
         elif self.obs_mode == "rgb":
             self.single_observation_space = gym.spaces.Dict({"rgb": image_space})
+        elif self.obs_mode == "proprio+rgb":
+            proprio_space = gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)
+            self.single_observation_space = gym.spaces.Dict({"state": proprio_space, "rgb": image_space})
         elif self.obs_mode == "state+rgb":
             self.single_observation_space = gym.spaces.Dict({"state": state_space, "rgb": image_space})
         else:
@@ -711,13 +718,16 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     def _format_obs(self, flat_obs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor | TensorDict:
         """The observation in the env's obs_mode from the flat one and the images (rgb modes): state: as is;
-        dict: nested TensorDict; rgb: TensorDict {"rgb"}; state+rgb: TensorDict {"state", "rgb"}. (The rgb
-        mode computes the flat observation too, so that observation noise draws the same random numbers in
-        every mode and a seed gives the same episodes.)"""
+        dict: nested TensorDict; rgb: TensorDict {"rgb"}; proprio+rgb and state+rgb: TensorDict {"state" (the
+        robot's part or all of it), "rgb"}. (The rgb modes compute the whole flat observation too, so that
+        observation noise draws the same random numbers in every mode and a seed gives the same episodes.)"""
         if self.obs_mode == "state":
             return flat_obs
         if self.obs_mode == "rgb":
             return TensorDict({"rgb": images}, batch_size=[self.num_envs], device=self.device)
+        if self.obs_mode == "proprio+rgb":
+            return TensorDict({"state": flat_obs[:, :PROPRIO_DIM], "rgb": images}, batch_size=[self.num_envs],
+                              device=self.device)
         if self.obs_mode == "state+rgb":
             return TensorDict({"state": flat_obs, "rgb": images}, batch_size=[self.num_envs], device=self.device)
         pieces = flat_obs.split([size for _, _, size in OBS_LAYOUT], dim=-1)
