@@ -2,20 +2,20 @@
 
     uv run python benchmarks/run.py --suite quick      # ~15 min, 2-core CPU: PPO, GRPO x PushCubeRL, Pendulum-v1
     uv run python benchmarks/run.py --suite full       # the published set: every file in benchmarks/configs/
-    uv run python benchmarks/run.py --suite full --tasks HalfCheetah-v5 --seeds 3
+    uv run python benchmarks/run.py --suite full --tasks HalfCheetah-v5 --seeds 3 --name mujoco-cpu
     uv run python benchmarks/run.py --suite quick --scripts grpo --extra="--learning-rate 3e-3"
     uv run python benchmarks/run.py --suite quick --report-only    # redraw plots and tables from runs.json
 
 Each (script, task, seed) runs `python cleanrl_embodied/<script>.py ...` in its own process, one after
 another (threads pinned with OMP_NUM_THREADS), and is read back from its summary.json and TensorBoard
-scalars. Written to `--out` (default `benchmarks/results/<suite>-<device>/`):
+scalars. Written to `--out` (default `benchmarks/results/<name>/`, `--name` by default `<suite>-<device>`):
 
 - `<task>.png`: eval success (or return) vs env steps and vs wall time, mean over seeds with a 95%
   bootstrap band;
 - `report.md`: per task and script, final eval success and return as mean ± std and IQM with a 95%
   stratified bootstrap CI (rliable's method, see rlstats.py), env steps and wall time until the eval
   metric first reaches the task's threshold, wall time and SPS; the machine, versions, git sha and the
-  exact command of every run; the same text replaces this suite's section of benchmarks/RESULTS.md;
+  exact command of every run; the same text replaces the `<name>` section of benchmarks/RESULTS.md;
 - `runs.json`: everything the report is drawn from (curves included), so `--report-only` redraws it;
 - `runs/`: the run directories themselves (TensorBoard, summary.json, last.pt, stdout.log; not committed).
 
@@ -120,10 +120,13 @@ class Args:
     and SPS are those of a loaded machine (the report says so)"""
     ddp_nproc: int = 1
     """processes per ppo_ddp run: 1 runs the script directly (a world of one), more go through torchrun"""
+    name: str | None = None
+    """name of this set of runs: its output folder and its RESULTS.md section (default <suite>-<device>; give
+    one when --scripts/--tasks pick a part of a suite, or the part replaces the whole suite's report)"""
     out: str | None = None
-    """output folder (default benchmarks/results/<suite>-<device>)"""
+    """output folder (default benchmarks/results/<name>)"""
     results_md: str = str(RESULTS_MD)
-    """markdown file whose '<suite>-<device>' section is replaced by the report ('' leaves it alone)"""
+    """markdown file whose '<name>' section is replaced by the report ('' leaves it alone)"""
     determinism_check: bool = True
     """run the first run a second time and compare all its scalars bit for bit (costs one more run)"""
     report_only: bool = False
@@ -403,15 +406,14 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
     return "\n".join(lines + ["```", "", "</details>"])
 
 
-def write_outputs(data: dict, out: Path, results_md: str) -> None:
+def write_outputs(data: dict, out: Path, results_md: str, name: str) -> None:
     (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "report.md").write_text(f"# {data['suite']} suite ({data['device']})\n\n" + report(data, out, "") + "\n")
     if results_md:
         md = Path(results_md)
         prefix = os.path.relpath(out, md.resolve().parent).replace(os.sep, "/") + "/"
-        write_section(md, f"{data['suite']}-{data['device']}", report(data, out, prefix))
-    print(f"wrote {out / 'report.md'}" + (f" and the {data['suite']}-{data['device']} section of {results_md}"
-                                           if results_md else ""))
+        write_section(md, name, report(data, out, prefix))
+    print(f"wrote {out / 'report.md'}" + (f" and the {name} section of {results_md}" if results_md else ""))
 
 
 def main(args: Args) -> None:
@@ -420,11 +422,12 @@ def main(args: Args) -> None:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU here")
-    out = Path(args.out) if args.out else BENCH / "results" / f"{args.suite}-{device}"
+    name = args.name or f"{args.suite}-{device}"
+    out = Path(args.out) if args.out else BENCH / "results" / name
     if args.report_only:
         if not (out / "runs.json").is_file():
             fail(f"--report-only: no {out / 'runs.json'}; run the suite first")
-        write_outputs(json.loads((out / "runs.json").read_text()), out, args.results_md)
+        write_outputs(json.loads((out / "runs.json").read_text()), out, args.results_md, name)
         return
     specs = plan(args, device)
     out.mkdir(parents=True, exist_ok=True)
@@ -444,7 +447,7 @@ def main(args: Args) -> None:
         print(f"determinism check: identical={data['determinism']['identical']}", flush=True)
     data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
                 load_avg_end=machine_info()["load_avg_1_5_15"])
-    write_outputs(data, out, args.results_md)
+    write_outputs(data, out, args.results_md, name)
 
 
 def progress_line(r: dict) -> str:

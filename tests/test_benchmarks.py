@@ -221,6 +221,9 @@ def test_smoke_suite_end_to_end(tmp_path):
     png.unlink()  # --report-only redraws everything from runs.json
     run.main(run.Args(suite="smoke", out=str(out), results_md="", report_only=True))
     assert png.is_file() and (out / "report.md").read_text() == report
+    run.main(run.Args(suite="smoke", out=str(out), results_md=str(md), name="smoke-part", report_only=True))
+    text = md.read_text()  # a named set of runs gets its own section and leaves the suite's alone
+    assert "<!-- BEGIN smoke-part -->" in text and "<!-- BEGIN smoke-cpu -->" in text
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "grpo"])
