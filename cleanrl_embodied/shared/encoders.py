@@ -22,8 +22,13 @@ def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
 class PixelEncoder(nn.Module):
     """TensorDict observations with images -> one feature vector per row: each uint8 image [C, H, W] (scaled to
     [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and ManiSkill pixel
-    baselines; H, W >= 36) and a ReLU layer of ``features``, concatenated with the (already normalized) float
-    entries ``state``. Orthogonal init with gain sqrt(2), zero biases."""
+    baselines; H, W >= 36) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk),
+    concatenated with the (already normalized) float entries ``state``. Orthogonal init with gain sqrt(2), zero
+    biases.
+
+    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
+    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
+    over the batch and two of three seeds never learned RGB PushCubeRL."""
 
     def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
         super().__init__()
@@ -34,7 +39,8 @@ class PixelEncoder(nn.Module):
                 _orthogonal(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
                 _orthogonal(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
             flat = convs(torch.zeros(1, channels, height, width)).shape[1]
-            self.cnns.append(nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.ReLU()))
+            self.cnns.append(nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features),
+                                           nn.Tanh()))
         self.out_dim = features * len(self.keys) + state_dim
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
