@@ -173,7 +173,8 @@ def test_suite_plans():
     assert len(scaled) == 5 and benchlib.get_flag(scaled[0].flags, "--total-timesteps") == ["192000"]
     full = run.plan(run.Args(suite="full", seeds=1), "cuda")
     assert {(s.script, s.task) for s in full} == set(run.config_pairs())
-    pixels = next(s for s in full if s.task == "PushCubeRL@proprio+rgb")  # a variant: the env id and its config's options
+    # a variant: the env id and its config's options
+    pixels = next(s for s in full if s.task == "PushCubeRL@proprio+rgb")
     assert benchlib.get_flag(pixels.flags, "--env-id") == ["PushCubeRL"]
     assert "rgb" in benchlib.get_flag(pixels.flags, "--env-kwargs")[0]
     assert run.task_metric("PushCubeRL@rgb") == run.task_metric("PushCubeRL") == ("success_rate", 0.9)

@@ -157,3 +157,22 @@ def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line
         module.main(args)
     message = str(e.value.code)
     assert "--env-kwargs and --eval-env-kwargs" in message and "observation" in message and "\n" not in message
+
+
+def test_pixel_features_stay_bounded_for_the_tanh_heads():
+    """The encoder's image features lie in [-1, 1] (LayerNorm then Tanh), also after weights grow: unbounded
+    ReLU features saturated the agents' Tanh heads, which made actor and critic constant over the batch."""
+    from cleanrl_embodied.shared.encoders import PixelEncoder
+
+    torch.manual_seed(0)
+    encoder = PixelEncoder(PIXEL_SPACE, state_dim=5)
+    with torch.no_grad():  # as if a few large updates had blown the conv and linear weights up
+        for module in encoder.modules():
+            if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+                module.weight.mul_(30.0)
+    obs = TensorDict({"rgb": torch.randint(0, 256, (16, 3, 36, 40), dtype=torch.uint8)}, batch_size=[16])
+    state = torch.randn(16, 5)
+    features = encoder(obs, state)
+    assert features.shape == (16, encoder.out_dim) and encoder.out_dim == 256 + 5
+    assert features[:, :256].abs().max() <= 1.0 and torch.equal(features[:, 256:], state)
+    assert (features[:, :256].std(0) > 0).float().mean() > 0.9  # and they still differ between images
