@@ -256,7 +256,7 @@ class GymnasiumToTorch(RenderFirstEnv):
     ``info_keys`` (``"all"``: every numeric one), batched as Gymnasium batches them (an ``[N]`` tensor and its
     ``_<key>`` mask; for an env that finished at this step, the entry its reset gave). Other entries (MuJoCo's
     ``x_position``, ``reward_ctrl``, ...) are not converted: each one costs an array, a mask and two tensors
-    per step, together as much as a tenth of a one-env MuJoCo step, and no trainer reads them. ``render()``
+    per step (HalfCheetah's four: a third of its one-env physics step), and no trainer reads them. ``render()``
     renders only the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
 
     A ``SyncVectorEnv`` is not stepped through its ``step()``: this wrapper steps its sub-envs itself (the same
