@@ -13,13 +13,16 @@ Parts, measured one after another in this one invocation (threads pinned, warm-u
    consecutive `charts/SPS` TensorBoard events; end-to-end SPS (compilation included) from summary.json.
 3. breakdown: each script's real `main()` runs in this process, timed through public seams only (nothing
    of the trainer module is replaced): the agent comes from the policy hook (`--policy speed:timed_agent`, the
-   script's own network whose no-grad calls are timed: policy forward), the envs that `shared.cli.build_env`
-   makes time their `step`/`reset` (env step), and the update runs from the rollout's last forward to the
-   iteration's `RunLogger.log` (advantages + epochs of minibatch loss/backward/step). The iteration is the
-   time between two `log` calls; the rest (overhead) is what is
-   left: storage writes, finite checks, episode statistics, logging, progress bar. On CUDA the timers
-   synchronize at every boundary. Profilers were not used: cProfile's per-call cost inflates exactly the
-   Python-heavy parts (env wrappers, TensorDict) whose share we want to know.
+   script's own network whose no-grad calls are timed, and so is the sampling from the distributions they return,
+   up to the action's log-prob: policy), the envs that `shared.cli.build_env` makes time their `step`/`reset`
+   (env step), and the update runs from the rollout's last forward to the iteration's `RunLogger.log`
+   (advantages + epochs of minibatch loss/backward/step). The iteration is the time between two `log` calls; the
+   rest (overhead) is what is left: storage writes, the TensorDict the policy step returns, finite checks, episode
+   statistics, logging, progress bar, and the timers' own calls (a few microseconds per env step; plain function
+   calls, no synchronization on the CPU). Until issue 15 the sampling and log-prob counted as rest (at 1 env on
+   HalfCheetah that was most of a 20% rest). On CUDA the timers synchronize at every boundary. Profilers were not
+   used: cProfile's per-call cost inflates exactly the Python-heavy parts (env wrappers, TensorDict) whose share
+   we want to know.
 
 4. gym (`--parts gym`, CPU): Gymnasium ids (HalfCheetah-v5 1 env x 2048 steps and 8 x 256, Pendulum-v1 16 x 256),
    each measured side by side in this process, repeats interleaved: env-only, the raw Gymnasium vector env with
@@ -220,43 +223,36 @@ def measure_training(args: Args) -> list[dict]:
 
 # ---- 3. per-iteration breakdown of the real main() -------------------------------------------------
 class PhaseTimer:
-    """Accumulates time per phase within an iteration; only the outermost timed call counts."""
+    """Accumulates time per phase within an iteration; only the outermost timed call counts.
+
+    The timing is a plain function call (`call`), not a context manager: the breakdown times three calls per env
+    step, and a generator-based context manager costs a few microseconds each, which at one env (~1 ms a step)
+    lands in "rest" and is the benchmark's, not the trainer's. On the CPU nothing is synchronized."""
 
     def __init__(self, device: str):
         self.device, self.depth = device, 0
+        self.cuda = device == "cuda"
         self.window: dict[str, float] = defaultdict(float)
         self.update_start: float | None = None
         self.rollout_end: float | None = None
         self.last_log: float | None = None
         self.rows: list[dict[str, float]] = []
 
-    @contextlib.contextmanager
-    def section(self, phase: str):
+    def call(self, phase: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its time added to ``phase`` (unless a timed call is already under way)."""
         if self.depth:
-            yield
-            return
-        sync(self.device)
-        start, self.depth = time.perf_counter(), 1
+            return fn(*args, **kwargs)
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.depth = 1
+        start = time.perf_counter()
         try:
-            yield
+            return fn(*args, **kwargs)
         finally:
-            sync(self.device)
-            self.depth = 0
+            if self.cuda:
+                torch.cuda.synchronize()
             self.window[phase] += time.perf_counter() - start
-
-    def timed(self, phase: str, fn):
-        def wrapper(*a, **k):
-            with self.section(phase):
-                return fn(*a, **k)
-        return wrapper
-
-    def marks_update(self, fn):
-        def wrapper(*a, **k):
-            if self.update_start is None:
-                sync(self.device)
-                self.update_start = time.perf_counter()
-            return fn(*a, **k)
-        return wrapper
+            self.depth = 0
 
     def iteration_end(self) -> None:
         sync(self.device)
@@ -277,22 +273,49 @@ class TimedEnv(VectorWrapper):
         self.timer = timer
 
     def step(self, actions):
-        with self.timer.section("env"):
-            return self.env.step(actions)
+        return self.timer.call("env", self.env.step, actions)
 
     def reset(self, **kwargs):
-        with self.timer.section("env"):
-            return self.env.reset(**kwargs)
+        return self.timer.call("env", self.env.reset, **kwargs)
 
 
 TIMER: PhaseTimer | None = None
 """The timer of the breakdown in progress, read by `timed_agent` (a --policy factory gets no other handle)."""
 
+_TIMED_DISTRIBUTIONS: dict[type, type] = {}
+
+
+def _log_prob_timed(cls: type):
+    """``cls.log_prob`` that also counts as "policy" the time since the forward that made the distribution ended:
+    the trainers' policy step samples the action and takes its log-prob right after the forward, and that is the
+    policy's work (timing only the network's forward left it in "rest"). One timed call instead of two (sample
+    and log_prob): the instrumentation's own cost lands in "rest"."""
+    def log_prob(self, value):
+        out = cls.log_prob(self, value)
+        if not TIMER.depth:  # not inside another timed call
+            sync(TIMER.device)
+            now = time.perf_counter()
+            TIMER.window["policy"] += now - TIMER.rollout_end
+            TIMER.rollout_end = now
+        return out
+    return log_prob
+
+
+def _time_sampling(dist) -> None:
+    """Give a distribution that a rollout forward returned the timed ``log_prob`` (in place: its class becomes a
+    subclass that adds only that method)."""
+    cls = type(dist)
+    if cls not in _TIMED_DISTRIBUTIONS:
+        _TIMED_DISTRIBUTIONS[cls] = type(f"Timed{cls.__name__}", (cls,), {"log_prob": _log_prob_timed(cls)})
+    dist.__class__ = _TIMED_DISTRIBUTIONS[cls]
+
 
 def timed_agent(obs_space, act_space, args):
-    """--policy speed:timed_agent: the trainer's own network, with its inference calls timed as "policy". The
-    update starts at the first training forward after the rollout; the work between the rollout's last forward
-    (V of the last obs) and that point (advantages, batch assembly) is counted as update too."""
+    """--policy speed:timed_agent: the trainer's own network, with its inference calls timed as "policy", and so is
+    the sampling from the distributions they return, up to the log-prob of the sampled action (the policy step but
+    for the TensorDict it puts its results in). The update starts at the first training forward after the rollout;
+    the work between the rollout's last policy call (V of the last obs) and that point (advantages, batch
+    assembly) is counted as update too."""
     base = importlib.import_module(type(args).__module__)
     agent_class = getattr(base, "Agent", None) or base.Actor
     timer = TIMER
@@ -303,9 +326,11 @@ def timed_agent(obs_space, act_space, args):
                 if timer.update_start is None:
                     timer.update_start = timer.rollout_end
                 return fn(obs)
-            with timer.section("policy"):
-                out = fn(obs)
+            out = timer.call("policy", fn, obs)
             timer.rollout_end = time.perf_counter()
+            dist = out[0] if type(out) is tuple else out  # forward: (distribution, value)
+            if isinstance(dist, torch.distributions.Distribution):
+                _time_sampling(dist)
             return out
 
         def dist(self, obs):
@@ -433,7 +458,9 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     space = raw.single_action_space
     unit = np.random.default_rng(0).uniform(-1, 1, (steps, num_envs, space.shape[0])).astype(np.float32)
     scaled = (space.low + (space.high - space.low) * (unit + 1) / 2).astype(space.dtype)  # what make_env sends
-    unit_t = torch.from_numpy(unit)
+    # one action batch per step, sliced up front on both sides: indexing a tensor (~1 us) is the harness's cost,
+    # not the contract's, and indexing the numpy array would cost the raw env less
+    scaled, unit_t = list(scaled), list(torch.from_numpy(unit))
     args = tyro.cli(ppo.Args, args=gym_config_flags(env_id))
     act_dim = ours.single_action_space.shape[0]
     agent = ppo.Agent(ours.single_observation_space, ours.single_action_space, args)
@@ -542,7 +569,7 @@ def gym_tables(gym: dict) -> list[str]:
                  "yes" if r["rest"] <= 0.1 * r["total"] else "no"] for r in gym["breakdown"]]
         parts += ["**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
                   "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt; mean over the iterations after --skip):", "",
-                  md_table(["env", "num_envs", "num_steps", "iteration (ms)", "env step", "policy forward",
+                  md_table(["env", "num_envs", "num_steps", "iteration (ms)", "env step", "policy (forward + sampling)",
                             "update (advantages + epochs)", "rest (overhead)", "rest <= 10%"], rows), ""]
     return parts
 
@@ -569,7 +596,7 @@ def tables(data: dict) -> str:
                   f"state = median after {data['skip']}; end to end includes start-up of the loop and compilation):",
                   "", md_table(header, rows), ""]
     if data.get("breakdown"):
-        header = ["device", "script", "num_envs", "iteration (ms)", "env step", "policy forward",
+        header = ["device", "script", "num_envs", "iteration (ms)", "env step", "policy (forward + sampling)",
                   "update (advantages + epochs)", "rest (overhead)", "overhead <= 10%"]
         rows = [[r["device"], r["script"], str(r["num_envs"]), f"{1e3 * r['total']:.1f}",
                  *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],

@@ -141,6 +141,8 @@ def make_env(
     ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
+    ``info_keys``: info entries of Gymnasium sub-envs to pass on besides ``rewards`` and ``metrics`` (a list of
+    names, or ``"all"``; see GymnasiumToTorch; the other backends pass all their info entries).
     ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``).
     ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
     (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
@@ -156,6 +158,7 @@ def make_env(
         raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
 
     randomize_interval = env_kwargs.pop("randomize_interval", None)
+    info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium ids; the other backends pass all their info entries
     if vectorization == "envpool" and env_id not in BUILTIN_ENV_IDS and not is_maniskill_id(env_id):
         from cleanrl_embodied.shared.envs.envpool_backend import make_envpool_env  # lazy: optional extra
 
@@ -170,7 +173,7 @@ def make_env(
         env = make_maniskill_env(env_id, num_envs, device, seed, vectorization=vectorization,
                                  flatten_obs=flatten_obs, **env_kwargs)
     else:
-        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, **env_kwargs)
+        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, info_keys, **env_kwargs)
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
@@ -216,7 +219,7 @@ def _offers_rgb_array(env_id: str) -> bool:
 
 
 def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, vectorization: str,
-                        flatten_obs: bool | None, **env_kwargs) -> VectorEnv:
+                        flatten_obs: bool | None, info_keys=(), **env_kwargs) -> VectorEnv:
     """A registered numpy Gymnasium id -> the torch env contract."""
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
         env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
@@ -237,4 +240,4 @@ def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, ve
         ) from None
     if env_kwargs.get("max_episode_steps") and env.spec is not None:  # make_vec keeps the registered limit
         env.spec = dataclasses.replace(env.spec, max_episode_steps=int(env_kwargs["max_episode_steps"]))
-    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs, info_keys=info_keys)

@@ -341,7 +341,8 @@ def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = 
     vector_cls = SyncVectorEnv if vectorization == "sync" else AsyncVectorEnv
     env = vector_cls([make_one] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
     _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
-    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)
+    # every info entry, as the GPU backend gives them (a ManiSkill step costs milliseconds: converting them is cheap)
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs, info_keys="all")
 
 
 def _declare_time_limit(env: VectorEnv, env_id: str, max_episode_steps: int | None) -> None:

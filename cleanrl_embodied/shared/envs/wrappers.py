@@ -3,8 +3,9 @@
 - :func:`numpy_vector_to_torch`: a numpy Gymnasium vector env -> the full contract (:class:`GymnasiumToTorch`
   with actions rescaled and clipped and episode statistics, :class:`FlattenDictObservation` for Dict spaces).
 - :class:`GymnasiumToTorch`: a numpy Gymnasium vector env (SAME_STEP autoreset) -> torch tensors on a device,
-  with a dense ``info["final_obs"]``, a correct ``info["success"]`` and group resets for GRPO; its per-step
-  work is numpy plus one ``torch.from_numpy`` per output (the contract costs little next to the physics).
+  with a dense ``info["final_obs"]``, a correct ``info["success"]`` and group resets for GRPO; it steps a
+  ``SyncVectorEnv``'s sub-envs itself, and its per-step work is numpy plus one ``torch.from_numpy`` per output
+  (the contract costs little next to the physics).
 - :class:`RenderFirstEnv`, :class:`SafeRender`: ``render()`` gives the first sub-env's frame, or ``None`` with one
   warning, and never raises.
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from gymnasium.wrappers.utils import rescale_box
 from tensordict import TensorDict
@@ -238,15 +240,32 @@ def _numpy_leaves(obs) -> list[np.ndarray]:
     return [np.asarray(obs)]
 
 
+INFO_KEYS = ("rewards", "metrics")
+"""The sub-envs' own info entries that :class:`GymnasiumToTorch` passes on by default: the contract's optional
+``info["rewards"]`` and ``info["metrics"]`` (dicts of numbers)."""
+
+
 class GymnasiumToTorch(RenderFirstEnv):
     """A numpy Gymnasium vector env (SAME_STEP autoreset) seen through the torch env contract.
 
     Outputs are on ``device``: obs float32 (Dict spaces -> TensorDict, see :class:`FlattenDictObservation`),
     reward float32 ``[N]``, terminated/truncated bool ``[N]``; actions may be torch tensors on any device.
     ``info`` holds only tensors (and dicts of tensors): a dense ``final_obs`` plus ``_final_obs``,
-    ``success`` (bool ``[N]``) once the sub-envs have reported ``"success"`` or ``"is_success"``, and the
-    other numeric info arrays converted; object arrays and ``final_info`` are dropped. ``render()`` renders only
-    the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
+    ``success`` (bool ``[N]``) once the sub-envs have reported ``"success"`` or ``"is_success"``, and of the
+    sub-envs' own info entries only ``rewards`` and ``metrics`` (:data:`INFO_KEYS`) plus those named in
+    ``info_keys`` (``"all"``: every numeric one), batched as Gymnasium batches them (an ``[N]`` tensor and its
+    ``_<key>`` mask; for an env that finished at this step, the entry its reset gave). Other entries (MuJoCo's
+    ``x_position``, ``reward_ctrl``, ...) are not converted: each one costs an array, a mask and two tensors
+    per step (HalfCheetah's four: a third of its one-env physics step), and no trainer reads them. ``render()``
+    renders only the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
+
+    A ``SyncVectorEnv`` is not stepped through its ``step()``: this wrapper steps its sub-envs itself (the same
+    sub-env objects with the same wrappers, in the same order; an env whose episode ended is reset at once,
+    without a seed, as SAME_STEP does), writing observations, rewards and flags straight into fresh
+    float32/bool arrays. ``SyncVectorEnv.step`` batches every info entry of every sub-env into new arrays and
+    masks, collects final observations in an object array and deep-copies the batch, and converting that
+    output cost as much again; the results are the same bit for bit (tests/test_gymnasium_contract.py checks it
+    step by step). Other vector envs (``AsyncVectorEnv``) are stepped through ``step()`` and their output converted.
 
     The per-step work is done on numpy arrays (a tiny numpy op costs well under a microsecond, a tiny torch op
     a few) and each output becomes a tensor with one ``torch.from_numpy`` (no copy on the CPU; one transfer
@@ -272,18 +291,23 @@ class GymnasiumToTorch(RenderFirstEnv):
             fresh group seeds for ``reset(options={"group_size": G})``.
         rescale_actions: act in [-1, 1] (Box action spaces; see above); else actions go to ``env`` as given.
         episode_statistics: add ``info["episode"]`` and ``info["_episode"]`` (see above).
+        info_keys: further info entries of the sub-envs to pass on (names), or ``"all"`` for every numeric one.
     """
 
     render_hint = MUJOCO_RENDER_HINT
 
     def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
-                 rescale_actions: bool = False, episode_statistics: bool = False):
+                 rescale_actions: bool = False, episode_statistics: bool = False,
+                 info_keys: Sequence[str] | str = ()):
         super().__init__(env)
         if env.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
             raise ValueError(
                 "GymnasiumToTorch needs a vector env created with autoreset_mode=AutoresetMode.SAME_STEP, "
                 f"got {env.metadata.get('autoreset_mode')}"
             )
+        names = isinstance(info_keys, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in info_keys)
+        if info_keys != "all" and not names:
+            raise ValueError(f"info_keys must be a list of info entry names or 'all', got {info_keys!r}")
         self.device = torch.device(device)
         self._on_cpu = self.device.type == "cpu"
         self.single_observation_space = _float32_space(env.single_observation_space)
@@ -292,18 +316,31 @@ class GymnasiumToTorch(RenderFirstEnv):
         self._first_reset = True
         self._rng = np.random.default_rng(seed)
         self._success_key: str | None = None  # "success" or "is_success", once a sub-env reported it
+        self._all_info = info_keys == "all"
+        self._info_keys = frozenset(INFO_KEYS) | (frozenset() if self._all_info else frozenset(info_keys))
+        # SyncVectorEnv: its sub-envs are stepped here (see the class docstring); Box observations of float32 or
+        # float64 go straight into a float32 array (one rounding, as through a float64 batch and then float32)
+        self._sub_envs = env.envs if type(env) is SyncVectorEnv else None
+        obs_space = env.single_observation_space
+        self._float_rows = isinstance(obs_space, gym.spaces.Box) and obs_space.dtype in (np.float32, np.float64)
+        self._batch_shape = (self.num_envs, *obs_space.shape) if self._float_rows else None
+        self._n = self.num_envs  # (num_envs is a property that asks the wrapped env)
         space = env.single_action_space
         self._action_dtype = space.dtype
         self._bounds = self._unscale = None
-        if rescale_actions:
-            self._bounds = (space.low, space.high)
+        if rescale_actions:  # the bounds repeated for every env: a ufunc that needn't broadcast is ~1 us faster
+            batch = (self.num_envs, *space.shape)
+            self._bounds = tuple(np.ascontiguousarray(np.broadcast_to(b, batch)) for b in (space.low, space.high))
             if np.all(np.isfinite(space.low) & np.isfinite(space.high)):
                 ones = np.ones(space.shape, dtype=space.dtype)  # in the space's dtype: no precision warning
                 self.single_action_space, _, self._unscale = rescale_box(space, -ones, ones)
                 self.action_space = batch_space(self.single_action_space, self.num_envs)
+                if np.all(space.low == -1) and np.all(space.high == 1):  # (MuJoCo locomotion) the map is the
+                    self._unscale = None  # identity: gradient exactly 1, intercept exactly 0, so it is left out
         self.episode_statistics = episode_statistics
         self._episode_return = np.zeros(self.num_envs, dtype=np.float32)
         self._episode_length = np.zeros(self.num_envs, dtype=np.int32)
+        self._ones = np.ones(self.num_envs, dtype=np.int32)  # length + 1 without a Python int to convert
 
     def _render_frames(self):
         sub_envs = getattr(self.env.unwrapped, "envs", None)  # SyncVectorEnv: render the first sub-env only
@@ -328,13 +365,21 @@ class GymnasiumToTorch(RenderFirstEnv):
             for key, value in obs.items()
         }
 
-    def _info_to_torch(self, info: dict) -> dict:
-        """Numeric/bool numpy arrays -> tensors (float64 -> float32), nested dicts kept; the rest dropped.
+    def _passes(self, key: str) -> bool:
+        """Whether a (batched) info entry of the sub-envs, or its ``_<key>`` mask, is passed on."""
+        keys = self._info_keys
+        return self._all_info or key in keys or (key[:1] == "_" and key[1:] in keys)
+
+    def _info_to_torch(self, info: dict, select: bool = True) -> dict:
+        """Numeric/bool numpy arrays -> tensors (float64 -> float32), nested dicts kept; the rest dropped, and with
+        ``select`` the top-level entries that are not passed on (:meth:`_passes`).
         The vector env builds fresh info arrays at every step, so they are wrapped without a copy."""
         out = {}
         for key, value in info.items():
+            if select and not self._passes(key):
+                continue
             if isinstance(value, dict):
-                out[key] = self._info_to_torch(value)
+                out[key] = self._info_to_torch(value, select=False)
             elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
                 out[key] = self._tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
         return out
@@ -345,10 +390,13 @@ class GymnasiumToTorch(RenderFirstEnv):
         if self._bounds is None:
             return np.asarray(actions, dtype=self._action_dtype)
         actions = np.asarray(actions, dtype=self._action_dtype)
-        # rescale (a new array), or copy: the caller's array must not be clipped in place
-        actions = self._unscale(actions) if self._unscale is not None else actions.copy()
-        low, high = self._bounds
-        return np.minimum(np.maximum(actions, low, out=actions), high, out=actions)  # = np.clip, fewer calls
+        low, high = self._bounds  # clipped (= np.clip, in fewer calls) in a new array, not in the caller's
+        if self._unscale is not None:
+            actions = self._unscale(actions)  # a new array
+            np.maximum(actions, low, out=actions)
+        else:
+            actions = np.maximum(actions, low)
+        return np.minimum(actions, high, out=actions)
 
     def _pop_success(self, info: dict, final_info: dict, done: np.ndarray) -> np.ndarray | None:
         """Success of the transition just taken; for finished envs it comes from ``final_info``."""
@@ -367,6 +415,24 @@ class GymnasiumToTorch(RenderFirstEnv):
             rows = final_info[f"_{key}"] & done
             success[rows] = final_info[key][rows].astype(bool)
         return success
+
+    def _obs_outputs(self, obs, final_rows: dict[int, Any]) -> tuple[torch.Tensor | TensorDict, ...]:
+        """``obs`` (the batch after the step) and the dense ``final_obs``: ``obs`` with the rows of the envs that
+        finished replaced by their last observation (``final_rows``: env index -> that observation)."""
+        if isinstance(obs, dict):
+            obs_t = self._obs_to_torch(obs)
+            if not final_rows:
+                return obs_t, obs_t.clone()
+            space = self.env.single_observation_space
+            rows = list(iterate(space, obs))
+            for i, row in final_rows.items():
+                rows[i] = row
+            return obs_t, self._obs_to_torch(concatenate(space, rows, create_empty_array(space, self.num_envs)))
+        obs = np.array(obs, dtype=np.float32)
+        dense = obs.copy()
+        for i, row in final_rows.items():
+            dense[i] = row
+        return self._tensor(obs), self._tensor(dense)
 
     # ---- VectorEnv API -----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -389,8 +455,9 @@ class GymnasiumToTorch(RenderFirstEnv):
             seeds = [int(s) for s in np.repeat(group_seeds, group_size)]
         obs, info = self.env.reset(seed=seeds, options=options or None)
         self._first_reset = False
-        self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
+        # new arrays: the last step's info["episode"] tensors may share memory with the old ones
+        self._episode_return = np.zeros(self.num_envs, dtype=np.float32)
+        self._episode_length = np.zeros(self.num_envs, dtype=np.int32)
         if group_size is not None:
             self._check_identical_groups(obs, int(group_size), seeds)
         for key in ("success", "is_success"):  # a reset describes no transition: no success to report
@@ -413,53 +480,101 @@ class GymnasiumToTorch(RenderFirstEnv):
                     "their first observations differ (its reset ignores the seed or is not deterministic)"
                 )
 
+    def _step_sub_envs(self, actions: np.ndarray) -> tuple:
+        """SyncVectorEnv's SAME_STEP step, done here on its sub-envs (see the class docstring)."""
+        n = self._n
+        reward = np.empty(n, dtype=np.float32)
+        terminated, truncated = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+        last = np.empty(self._batch_shape, dtype=np.float32) if self._float_rows else [None] * n  # last obs
+        infos: list = [None] * n
+        resets: dict[int, tuple] = {}  # env index -> (obs, info) of the reset that followed its episode's end
+        for i, env in enumerate(self._sub_envs):
+            last[i], reward[i], ended, cut, infos[i] = env.step(actions[i])
+            terminated[i], truncated[i] = ended, cut
+            if ended or cut:
+                resets[i] = env.reset()
+
+        tensor = torch.from_numpy if self._on_cpu else self._tensor
+        if self._float_rows:  # final_obs is the batch of last observations; obs has the reset ones in their rows
+            obs = last.copy()
+            for i, (reset_obs, _) in resets.items():
+                obs[i] = reset_obs
+            obs_t, final_t = tensor(obs), tensor(last)
+        else:  # Dict (or another dtype): batched as SyncVectorEnv batches it, then converted as its output would be
+            env_obs = list(last)
+            for i, (reset_obs, _) in resets.items():
+                env_obs[i] = reset_obs
+            space = self.env.single_observation_space
+            obs_t, final_t = self._obs_outputs(concatenate(space, env_obs, create_empty_array(space, n)),
+                                               {i: last[i] for i in resets})
+
+        key = self._success_key
+        if key is None:  # seen in a step's info, or in the info of a reset that followed an episode's end
+            seen = [*infos, *(info for _, info in resets.values())] if resets else infos
+            for info in seen:
+                if "success" in info or "is_success" in info:
+                    key = self._success_key = "success" if any("success" in i for i in seen) else "is_success"
+                    break
+        success = None
+        if key is not None:  # from the step's own info, also for the envs that finished (not from their reset's)
+            success = np.zeros(n, dtype=bool)
+            for i, info in enumerate(infos):
+                if key in info:
+                    success[i] = info[key]
+
+        # The passed-on entries, batched as SyncVectorEnv batches them (a finished env's from its reset's info)
+        batched: dict = {}
+        keys, all_info = self._info_keys, self._all_info
+        for i, info in enumerate(infos):
+            top = resets[i][1] if resets and i in resets else info
+            if top and (all_info or not keys.isdisjoint(top)):
+                wanted = {k: v for k, v in top.items() if k != key and (all_info or k in keys)}
+                if wanted:
+                    self.env._add_info(batched, wanted, i)
+        out = self._info_to_torch(batched, select=False) if batched else {}
+        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, bool(resets))
+
+    def _outputs(self, obs_t, final_t, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                 success: np.ndarray | None, out: dict, any_done: bool | None) -> tuple:
+        """The step's return value: tensors, with ``final_obs``, ``success`` and the episode statistics in ``out``
+        (the converted info). ``any_done`` False: no episode ended (None: not known)."""
+        tensor = torch.from_numpy if self._on_cpu else self._tensor
+        done = terminated | truncated
+        done_t = tensor(done)
+        out["final_obs"], out["_final_obs"] = final_t, done_t
+        if success is not None:
+            out["success"] = tensor(success)
+        if self.episode_statistics:
+            episode_return = self._episode_return + reward
+            episode_length = self._episode_length + self._ones
+            out["episode"] = {"r": tensor(episode_return), "l": tensor(episode_length),
+                              "success": tensor(success.astype(np.float32) if success is not None
+                                                else np.zeros(self._n, dtype=np.float32))}
+            out["_episode"] = done_t
+            if any_done is False:  # the running sums are those arrays now: they are never changed in place
+                self._episode_return, self._episode_length = episode_return, episode_length
+            else:  # finished envs start their next episode from zero (SAME_STEP autoreset already happened)
+                self._episode_return = np.where(done, np.float32(0.0), episode_return)
+                self._episode_length = np.where(done, np.int32(0), episode_length)
+        return obs_t, tensor(reward), tensor(terminated), tensor(truncated), out
+
     def step(self, actions):
         """Step all sub-envs; finished envs are already reset (SAME_STEP), see ``info["final_obs"]``."""
-        obs, reward, terminated, truncated, info = self.env.step(self._actions_to_numpy(actions))
+        actions = self._actions_to_numpy(actions)
+        if self._sub_envs is not None:
+            return self._step_sub_envs(actions)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
         reward = np.asarray(reward, dtype=np.float32)  # the vector env returns fresh arrays: no copy needed
         terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
-        done = terminated | truncated
         final_obs = info.pop("final_obs", None)  # an object array, present when some env finished
         info.pop("_final_obs", None)
         final_info = info.pop("final_info", None) or {}
         info.pop("_final_info", None)
-        success = self._pop_success(info, final_info, done)
-
+        success = self._pop_success(info, final_info, terminated | truncated)
+        final_rows = {i: final_obs[i] for i in np.flatnonzero(terminated | truncated)} if final_obs is not None else {}
+        obs_t, final_t = self._obs_outputs(obs, final_rows)
         out = self._info_to_torch(info) if info else {}
-        if isinstance(obs, dict):
-            obs_t = self._obs_to_torch(obs)
-            if final_obs is not None:
-                # Dense final_obs: the current obs, with the rows of finished envs replaced by their last obs.
-                space = self.env.single_observation_space
-                rows = list(iterate(space, obs))
-                for i in np.flatnonzero(done):
-                    rows[i] = final_obs[i]
-                dense = concatenate(space, rows, create_empty_array(space, self.num_envs))
-                out["final_obs"] = self._obs_to_torch(dense)
-            else:
-                out["final_obs"] = obs_t.clone()
-        else:
-            obs = np.array(obs, dtype=np.float32)
-            dense = obs.copy()  # the current obs, with the rows of finished envs replaced by their last obs
-            if final_obs is not None:
-                for i in np.flatnonzero(done):
-                    dense[i] = final_obs[i]
-            obs_t, out["final_obs"] = self._tensor(obs), self._tensor(dense)
-        done_t = self._tensor(done)
-        out["_final_obs"] = done_t
-        if success is not None:
-            out["success"] = self._tensor(success)
-        if self.episode_statistics:
-            episode_return = self._episode_return + reward
-            episode_length = self._episode_length + 1
-            out["episode"] = {"r": self._tensor(episode_return), "l": self._tensor(episode_length),
-                              "success": self._tensor(success.astype(np.float32) if success is not None
-                                                      else np.zeros(self.num_envs, dtype=np.float32))}
-            out["_episode"] = done_t
-            # Finished envs start their next episode from zero (SAME_STEP autoreset already happened).
-            self._episode_return = np.where(done, np.float32(0.0), episode_return)
-            self._episode_length = np.where(done, np.int32(0), episode_length)
-        return obs_t, self._tensor(reward), self._tensor(terminated), self._tensor(truncated), out
+        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, None)
 
 
 def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
@@ -473,14 +588,16 @@ def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
 
 
 def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
-                          flatten_obs: bool | None = None) -> VectorEnv:
+                          flatten_obs: bool | None = None, info_keys: Sequence[str] | str = ()) -> VectorEnv:
     """A numpy vector env (SAME_STEP autoreset, Box actions) -> the torch env contract.
 
     :class:`GymnasiumToTorch` with both of its fused jobs: the policy's [-1, 1] rescaled onto the env's bounds
     (unbounded actions keep the env's own scale) and clipped to them (so the env never sees an out-of-bound
     action, rounding included), and the episode statistics that :class:`EpisodeStatistics` gives other envs.
-    Then :class:`FlattenDictObservation` for Dict observations (see :func:`flattens`). A non-Box action space
-    raises a one-line ValueError (and closes ``env``).
+    Then :class:`FlattenDictObservation` for Dict observations (see :func:`flattens`). ``info_keys``: the sub-envs'
+    info entries passed on besides ``rewards`` and ``metrics`` (``"all"``: every numeric one; see
+    :class:`GymnasiumToTorch`). A non-Box action space or bad ``info_keys`` raise a one-line ValueError (and close
+    ``env``).
     """
     try:
         space = env.single_action_space
@@ -489,7 +606,8 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
                 f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
                 "make_env supports continuous (Box) action spaces only"
             )
-        env = GymnasiumToTorch(env, device=device, seed=seed, rescale_actions=True, episode_statistics=True)
+        env = GymnasiumToTorch(env, device=device, seed=seed, rescale_actions=True, episode_statistics=True,
+                               info_keys=info_keys)
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     except ValueError:
