@@ -125,14 +125,20 @@ def forward_kinematics(
 
 
 def tcp_position(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS) -> torch.Tensor:
-    """World position of the TCP: [N, 7] -> [N, 3] (the fast path used by the env's step).
+    """World position of the TCP: [N, 7] -> [N, 3] (see :func:`tcp_position_rows`, which the env's step uses)."""
+    return tcp_position_rows(q.T.contiguous(), base_pos).T.contiguous()
+
+
+def tcp_position_rows(
+    q_by_joint: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
+) -> torch.Tensor:
+    """World position of the TCP, joint-major: q_by_joint [7, N] -> rows x, y, z [3, N].
 
     The TCP point is carried from frame 7 back to the base one link at a time, with element-wise
     ops on [N] tensors instead of 4x4 matrices (about 7x faster on CPU at N = 4096). Per link,
     in reverse order of T_i: shift by d_i along z, turn by q_i about z, shift by a_i along x, then
     turn by alpha_i about x, which for alpha in {0, +-pi/2} is just a signed swap of y and z.
     """
-    q_by_joint = q.T.contiguous()
     cos_q, sin_q = torch.cos(q_by_joint), torch.sin(q_by_joint)
     x = torch.zeros_like(q_by_joint[0])
     y = torch.zeros_like(x)
@@ -147,23 +153,32 @@ def tcp_position(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT
             y, z = -z, y
         elif _ALPHA_SIGN[i] < 0:
             y, z = z, -y
-    return torch.stack([x + base_pos[0], y + base_pos[1], z + base_pos[2]], dim=-1)
+    return torch.stack([x + base_pos[0], y + base_pos[1], z + base_pos[2]])
 
 
 def tcp_position_and_jacobian(
     q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TCP position [N, 3] and its positional Jacobian d tcp / d q [N, 3, 7] in one pass.
+    """TCP position [N, 3] and its positional Jacobian d tcp / d q [N, 3, 7] in one pass (see
+    :func:`tcp_position_and_jacobian_rows`; the Jacobian is a view of its joint-major [3, 7, N] result)."""
+    position, jacobian = tcp_position_and_jacobian_rows(q.T.contiguous(), base_pos)
+    return position.T.contiguous(), jacobian.permute(2, 0, 1)
 
-    Same backward walk as :func:`tcp_position`, carrying 8 vectors at once as rows of [8, N]
+
+def tcp_position_and_jacobian_rows(
+    q_by_joint: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TCP position and its positional Jacobian, joint-major: q_by_joint [7, N] -> rows x, y, z [3, N] and
+    d tcp / d q [3, 7, N] (row a, joint j), in one pass.
+
+    Same backward walk as :func:`tcp_position_rows`, carrying 8 vectors at once as rows of [8, N]
     tensors: row 0 is the TCP point and row 1 + i its derivative with respect to q_i. Turning
     joint i moves a point p (in frame i) by z x p = (-p_y, p_x, 0) per radian; that vector is
     created when the walk reaches joint i and from then on is rotated like the point (but not
     shifted, being a direction).
     """
-    q_by_joint = q.T.contiguous()
     cos_q, sin_q = torch.cos(q_by_joint), torch.sin(q_by_joint)
-    x = q.new_zeros(NUM_JOINTS + 1, q.shape[0])
+    x = q_by_joint.new_zeros(NUM_JOINTS + 1, q_by_joint.shape[1])
     y = torch.zeros_like(x)
     z = torch.zeros_like(x)
     z[0] = TCP_DISTANCE_FROM_FRAME7
@@ -177,8 +192,8 @@ def tcp_position_and_jacobian(
             y, z = -z, y
         elif _ALPHA_SIGN[i] < 0:
             y, z = z, -y
-    position = torch.stack([x[0] + base_pos[0], y[0] + base_pos[1], z[0] + base_pos[2]], dim=-1)
-    jacobian = torch.stack([x[1:], y[1:], z[1:]], dim=0).permute(2, 0, 1)
+    position = torch.stack([x[0] + base_pos[0], y[0] + base_pos[1], z[0] + base_pos[2]])
+    jacobian = torch.stack([x[1:], y[1:], z[1:]])
     return position, jacobian
 
 
@@ -188,20 +203,39 @@ def tcp_jacobian(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT
 
 
 def damped_least_squares(jacobian: torch.Tensor, tcp_delta: torch.Tensor, damping: float = 0.01) -> torch.Tensor:
-    """Joint change [N, 7] that moves the TCP by ``tcp_delta`` [N, 3] to first order: the damped least-squares
-    solution ``J^T (J J^T + damping^2 I)^-1 dx`` of ``J dq = dx`` (the smallest joint change; near a
-    singularity the damping trades accuracy for bounded joint motion).
+    """Joint change [N, 7] that moves the TCP by ``tcp_delta`` [N, 3] to first order, for the Jacobian [N, 3, 7]:
+    the damped least-squares solution ``J^T (J J^T + damping^2 I)^-1 dx`` of ``J dq = dx`` (the smallest joint
+    change; near a singularity the damping trades accuracy for bounded joint motion). See
+    :func:`damped_least_squares_rows`."""
+    jacobian_rows = jacobian.permute(1, 2, 0).contiguous()  # no copy for tcp_position_and_jacobian's view
+    return damped_least_squares_rows(jacobian_rows, tcp_delta.T, damping).T.contiguous()
+
+
+def sum_joints(terms: torch.Tensor) -> torch.Tensor:
+    """Sum over the first dim (the 7 joints) of ``terms`` [7, ...], adding in the order in which torch's CPU
+    kernel sums a contiguous last dim of 7 (four partial sums, the tail on the first):
+    ``t0 + t4 + t5 + t6 + t1 + t2 + t3``. The env's step once summed over joints that way (``.sum(-1)`` of
+    [N, ..., 7] products), and explicit adds of joint-major rows are several times faster; keeping the order
+    keeps its results bit for bit."""
+    t = terms.unbind(0)
+    return (((((t[0] + t[4]) + t[5]) + t[6]) + t[1]) + t[2]) + t[3]
+
+
+def damped_least_squares_rows(jacobian: torch.Tensor, tcp_delta: torch.Tensor, damping: float = 0.01) -> torch.Tensor:
+    """:func:`damped_least_squares`, joint-major: jacobian [3, 7, N] and tcp_delta [3, N] -> joint change [7, N].
 
     The symmetric positive definite 3x3 system is solved in closed form (adjugate over determinant) with
-    element-wise ops: about 3x faster than a batched LAPACK solve on a CPU, and nothing waits for the device.
+    element-wise ops on [N] rows: several times faster than a batched LAPACK solve on a CPU, and nothing waits
+    for the device.
     """
-    m = (jacobian.unsqueeze(2) * jacobian.unsqueeze(1)).sum(-1)  # J J^T; element-wise beats tiny batched bmm
-    a, b, c = m[:, 0, 0] + damping**2, m[:, 0, 1], m[:, 0, 2]
-    d, e, f = m[:, 1, 1] + damping**2, m[:, 1, 2], m[:, 2, 2] + damping**2
+    m = sum_joints((jacobian.unsqueeze(1) * jacobian.unsqueeze(0)).movedim(2, 0))  # J J^T [3, 3, N]
+    a, b, c = m[0, 0] + damping**2, m[0, 1], m[0, 2]
+    d, e, f = m[1, 1] + damping**2, m[1, 2], m[2, 2] + damping**2
     # Adjugate of the symmetric [[a, b, c], [b, d, e], [c, e, f]].
     A, B, C = d * f - e * e, c * e - b * f, b * e - c * d
     D, E, F = a * f - c * c, b * c - a * e, a * d - b * b
     det = a * A + b * B + c * C
-    x, y, z = tcp_delta.unbind(-1)
-    weights = torch.stack((A * x + B * y + C * z, B * x + D * y + E * z, C * x + E * y + F * z), -1) / det.unsqueeze(-1)
-    return (jacobian * weights.unsqueeze(-1)).sum(1)
+    x, y, z = tcp_delta.unbind(0)
+    weights = torch.stack((A * x + B * y + C * z, B * x + D * y + E * z, C * x + E * y + F * z)) / det
+    terms = jacobian * weights.unsqueeze(1)
+    return (terms[0] + terms[1]) + terms[2]

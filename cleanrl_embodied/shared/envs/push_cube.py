@@ -298,7 +298,6 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.cube_xy_range = cube_xy_range
         self.cube_yaw_range = cube_yaw_range
         self.contact_substeps = int(contact_substeps)
-        self._substep_fractions = [k / contact_substeps for k in range(1, contact_substeps + 1)]
         self.param_ranges = ranges
         self.reward_weights = {**DEFAULT_REWARD_WEIGHTS, **(reward_weights or {})}
         self._active_terms = [name for name, w in self.reward_weights.items() if w != 0.0]
@@ -319,10 +318,35 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._max_joint_step = velocity_limit * CONTROL_DT  # rad per control step
         self._max_joint_step_change = acceleration_limit * CONTROL_DT * CONTROL_DT  # rad per step, per step
         self.rest_qpos = franka.rest_qpos(self.device)
+        # The joint limits and motion limits as full [N, 7] tensors (see _limit_joint_step).
+        full_joints = lambda row: row.expand(self.num_envs, franka.NUM_JOINTS).contiguous()  # noqa: E731
+        self._joint_lower_full, self._joint_upper_full = full_joints(self.joint_lower), full_joints(self.joint_upper)
+        self._joint_range_full = full_joints(self.joint_upper - self.joint_lower)
+        self._limits_full = {
+            "change": full_joints(self._max_joint_step_change),
+            "twice_change": full_joints(2.0 * self._max_joint_step_change),
+            "half_change": full_joints(0.5 * self._max_joint_step_change),
+            "max_step": full_joints(self._max_joint_step),
+            "neg_max_step": full_joints(-self._max_joint_step),
+            "zero": full_joints(torch.zeros(franka.NUM_JOINTS, device=self.device)),
+            "one": full_joints(torch.ones(franka.NUM_JOINTS, device=self.device)),
+            "tiny": full_joints(torch.full((franka.NUM_JOINTS,), 1e-12, device=self.device)),
+        }
         self.goal_dir_xy = torch.tensor(
             [math.cos(goal_direction), math.sin(goal_direction)], dtype=torch.float32, device=self.device
         )
         self._randomize_at = torch.tensor(self.randomize_at, dtype=torch.int32, device=self.device)
+        self._substep_fractions = torch.tensor(
+            [k / contact_substeps for k in range(1, contact_substeps + 1)], device=self.device
+        ).view(-1, 1, 1)
+        full = lambda value, rows=None: torch.full(  # noqa: E731  (constants of _resolve_contacts, full size)
+            (self.num_envs,) if rows is None else (rows, self.num_envs), value, device=self.device
+        )
+        self._contact_constants = (full(1.0), full(0.0), full(1e-12), full(TCP_RADIUS), full(0.5), full(0.0, 2),
+                                   full(1.0, 2))  # fmt: skip
+        self._u_face_first = torch.tensor([1.0, -1.0], device=self.device).view(2, 1)
+        self._u_face_offset = torch.tensor([1.0, 0.0], device=self.device).view(2, 1)
+        self._perp_sign = torch.tensor([-1.0, 1.0], device=self.device).view(2, 1)
         self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()
@@ -467,11 +491,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         tcp_before = self.tcp_pos
         self._move_arm(command)
-        tcp_prev = tcp_before
-        for fraction in self._substep_fractions:
-            tcp_substep = torch.lerp(tcp_before, self.tcp_pos, fraction)
-            self._resolve_contact(tcp_prev, tcp_substep)
-            tcp_prev = tcp_substep
+        self._resolve_contacts(tcp_before, self.tcp_pos)
         self.elapsed_steps = self.elapsed_steps + 1
 
         distance_to_goal = torch.linalg.vector_norm(self.cube_xy - self.goal_xy, dim=-1)
@@ -498,22 +518,24 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     def _joint_step_command(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The joint displacement [N, 7] the controller aims at in this control step, before the limits, and
-        the TCP Jacobian at the current pose when the action mode needed it (else None)."""
+        the TCP Jacobian at the current pose, joint-major [3, 7, N], when the action mode needed it (else None)."""
         if self.action_mode == "joint_delta":
             return self.joint_delta_scale * actions, None
         if self.action_mode == "joint_pos":
-            target = self.joint_lower + 0.5 * (actions + 1.0) * (self.joint_upper - self.joint_lower)
+            target = self._joint_lower_full + 0.5 * (actions + 1.0) * self._joint_range_full
             return target - self.qpos, None
-        _, jacobian = franka.tcp_position_and_jacobian(self.qpos, self.base_pos)
-        return franka.damped_least_squares(jacobian, self.ee_delta_scale * actions, DLS_DAMPING), jacobian
+        _, jacobian = franka.tcp_position_and_jacobian_rows(self.qpos.T.contiguous(), self.base_pos)
+        step = franka.damped_least_squares_rows(jacobian, self.ee_delta_scale * actions.T, DLS_DAMPING)
+        return step.T.contiguous(), jacobian
 
     def _stoppable(self, distance: torch.Tensor) -> torch.Tensor:
         """The largest step s (rad per control step) after which a joint can still stop within ``distance`` d,
         slowing by at most A = a_max dt^2 per step. The steps s, s - A, s - 2A, ... sum to at most
         (s + A/2)^2 / (2A), so s = sqrt(2 A d) - A/2 is safe; so is s = d when d <= A (stop after this step)."""
-        change = self._max_joint_step_change
-        distance = distance.clamp_min(0.0)
-        return torch.maximum(torch.sqrt(2.0 * change * distance) - 0.5 * change, torch.minimum(distance, change))
+        limits = self._limits_full
+        distance = torch.maximum(distance, limits["zero"])
+        root = torch.sqrt(limits["twice_change"] * distance) - limits["half_change"]
+        return torch.maximum(root, torch.minimum(distance, limits["change"]))
 
     def _limit_joint_step(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The joint displacement [N, 7] of this control step under the Panda's velocity and acceleration
@@ -526,21 +548,29 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
            and a joint brakes before its limit instead of hitting it.
         2. Acceleration: the velocity changes by at most ``a_max * dt`` from the previous step's.
         3. Velocity: at most ``v_max``.
+
+        (Every constant is a full [N, 7] tensor, so that each op runs over one flat array: broadcasting a [7]
+        row costs ~4x more on a CPU. Where step >= 0 is chosen by a lerp with weight min(sign(step) + 1, 1),
+        exact and cheaper than a comparison and torch.where.)
         """
-        ahead = torch.where(step >= 0, self.joint_upper - self.qpos, self.qpos - self.joint_lower)
+        limits, qpos = self._limits_full, self.qpos
+        forward = torch.minimum(torch.sign(step) + limits["one"], limits["one"])  # 1 where step >= 0, else 0
+        ahead = torch.lerp(qpos - self._joint_lower_full, self._joint_upper_full - qpos, forward)
         magnitude = step.abs()
-        step = step * (self._stoppable(torch.minimum(magnitude, ahead)) / magnitude.clamp_min(1e-12)).clamp(max=1.0)
+        ratio = self._stoppable(torch.minimum(magnitude, ahead)) / torch.maximum(magnitude, limits["tiny"])
+        step = step * torch.minimum(ratio, limits["one"])
         previous = self.qvel * CONTROL_DT
-        low = torch.maximum(previous - self._max_joint_step_change, -self._max_joint_step)
-        high = torch.minimum(previous + self._max_joint_step_change, self._max_joint_step)
+        low = torch.maximum(previous - limits["change"], limits["neg_max_step"])
+        high = torch.minimum(previous + limits["change"], limits["max_step"])
         high = torch.maximum(high, low)  # a velocity above the limit (a loaded state) slows down at a_max
         step = torch.minimum(torch.maximum(step, low), high)
-        slowest = torch.minimum(torch.maximum(torch.zeros_like(step), low), high)
+        slowest = torch.minimum(torch.maximum(low, limits["zero"]), high)
         return step, slowest
 
     def _cap_tcp_speed(self, step, slowest, tcp_target, jacobian) -> tuple[torch.Tensor, torch.Tensor]:
         """Shrink the joint step toward ``slowest`` (so the acceleration limit still holds) until the TCP moves
-        at most ``max_tcp_speed * dt``; returns the step and the TCP target, both to first order.
+        at most ``max_tcp_speed * dt``; returns the step and the TCP target (rows x, y, z [3, N]), both to
+        first order (``jacobian``: joint-major [3, 7, N]).
 
         The TCP displacement along ``slowest + s (step - slowest)`` is taken as linear in s, with the
         displacement of ``slowest`` predicted from the Jacobian at the step's target; s is the larger root of
@@ -548,16 +578,20 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         acceleration limit wins). The curvature of the arm's path leaves the TCP within ~1.5% of the cap.
         """
         limit = self.max_tcp_speed * CONTROL_DT
-        full = tcp_target - self.tcp_pos
-        w = (jacobian * (step - slowest).unsqueeze(1)).sum(-1)  # full - (displacement of slowest), first order
+        tcp = self.tcp_pos.T
+        full = tcp_target - tcp
+        faster = step - slowest
+        # full - (displacement of slowest), first order: J (step - slowest), summed over the joints
+        w = franka.sum_joints((jacobian * faster.T.contiguous()).movedim(1, 0))
         u = full - w
-        a = (w * w).sum(-1).clamp_min(1e-12)
-        b = 2.0 * (u * w).sum(-1)
-        c = (u * u).sum(-1) - limit * limit
+        sum_xyz = lambda t: (t[0] + t[1]) + t[2]  # noqa: E731
+        a = sum_xyz(w * w).clamp_min(1e-12)
+        b = 2.0 * sum_xyz(u * w)
+        c = sum_xyz(u * u) - limit * limit
         root = (-b + torch.sqrt((b * b - 4.0 * a * c).clamp_min(0.0))) / (2.0 * a)
-        too_fast = (full * full).sum(-1) > limit * limit
-        shrink = torch.where(too_fast, root.clamp(0.0, 1.0), 1.0).unsqueeze(-1)
-        return slowest + shrink * (step - slowest), self.tcp_pos + u + shrink * w
+        too_fast = sum_xyz(full * full) > limit * limit
+        shrink = torch.where(too_fast, root.clamp(0.0, 1.0), 1.0)
+        return slowest + shrink.unsqueeze(-1) * faster, tcp + u + shrink * w
 
     def _move_arm(self, actions: torch.Tensor) -> None:
         """Apply the joint step; a TCP that would sink below its support slides along it instead.
@@ -572,6 +606,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         the vertical part of the motion is removed and the horizontal part kept (a frictionless
         surface). The small residual of that linear step is clamped on the TCP position. (The gradient is
         taken at the target pose, or at the current pose in ee_delta_pos mode, which has that Jacobian.)
+
+        Kinematics run joint-major (joint angles [7, N], positions as rows x, y, z [3, N], the Jacobian
+        [3, 7, N]), where the per-joint ops are contiguous; the state keeps its [N, 7] and [N, 3] layout.
         """
         qpos_before = self.qpos
         step, jacobian = self._joint_step_command(actions)
@@ -579,33 +616,32 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             step, slowest = self._limit_joint_step(step)  # both brake before the joint limits
         qpos_target = self._clip_to_limits(qpos_before + step)
         if jacobian is None:
-            tcp_target, jacobian = franka.tcp_position_and_jacobian(qpos_target, self.base_pos)
+            tcp_target, jacobian = franka.tcp_position_and_jacobian_rows(qpos_target.T.contiguous(), self.base_pos)
         else:  # ee_delta_pos: the Jacobian at the current pose serves the lift's Newton step too
-            tcp_target = franka.tcp_position(qpos_target, self.base_pos)
+            tcp_target = franka.tcp_position_rows(qpos_target.T.contiguous(), self.base_pos)
         if self.arm_limits:
             step, tcp_target = self._cap_tcp_speed(step, slowest, tcp_target, jacobian)
             qpos_target = self._clip_to_limits(qpos_before + step)
         min_z = self._support_height(self.tcp_pos, tcp_target) + TCP_RADIUS
-        shortfall = (min_z - tcp_target[:, 2]).clamp_min(0.0)
-        height_gradient = jacobian[:, 2, :]
-        gradient_sq = (height_gradient * height_gradient).sum(-1).clamp_min(1e-6)
-        lift = height_gradient * (shortfall / gradient_sq).unsqueeze(-1)
-        lift = lift.clamp(-MAX_LIFT, MAX_LIFT)
-        self.qpos = self._clip_to_limits(qpos_target + lift)
-        tcp = franka.tcp_position(self.qpos, self.base_pos)
-        tcp[:, 2] = torch.maximum(tcp[:, 2], min_z)
-        self.tcp_pos = tcp
+        shortfall = (min_z - tcp_target[2]).clamp_min(0.0)
+        height_gradient = jacobian[2]  # [7, N]
+        gradient_sq = (height_gradient * height_gradient).sum(0).clamp_min(1e-6)
+        lift = (height_gradient * (shortfall / gradient_sq)).clamp(-MAX_LIFT, MAX_LIFT)
+        self.qpos = self._clip_to_limits(qpos_target + lift.T)
+        tcp = franka.tcp_position_rows(self.qpos.T.contiguous(), self.base_pos)
+        tcp[2] = torch.maximum(tcp[2], min_z)
+        self.tcp_pos = tcp.T.contiguous()
         self.qvel = (self.qpos - qpos_before) / CONTROL_DT
 
     def _clip_to_limits(self, qpos: torch.Tensor) -> torch.Tensor:
-        """Joint positions clipped to the Panda's limits."""
-        return torch.minimum(torch.maximum(qpos, self.joint_lower), self.joint_upper)
+        """Joint positions [N, 7] clipped to the Panda's limits."""
+        return torch.minimum(torch.maximum(qpos, self._joint_lower_full), self._joint_upper_full)
 
     def _support_height(self, tcp_before: torch.Tensor, tcp_target: torch.Tensor) -> torch.Tensor:
-        """Height of the surface under the TCP's target [N]: the cube's top when the TCP comes from
-        above the cube and ends over its square, else the table (0)."""
+        """Height of the surface under the TCP's target (rows x, y, z [3, N]) [N]: the cube's top when the TCP
+        comes from above the cube (``tcp_before`` [N, 3]) and ends over its square, else the table (0)."""
         cos_yaw, sin_yaw = torch.cos(self.cube_yaw), torch.sin(self.cube_yaw)
-        u, v = self._to_cube_frame(tcp_target[:, 0], tcp_target[:, 1], cos_yaw, sin_yaw)
+        u, v = self._to_cube_frame(tcp_target[0], tcp_target[1], cos_yaw, sin_yaw)
         half = self.cube_half_size
         over_cube = (u.abs() <= half) & (v.abs() <= half)
         came_from_above = tcp_before[:, 2] - TCP_RADIUS >= 2 * half - ABOVE_CUBE_TOLERANCE
@@ -616,8 +652,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         dx, dy = x - self.cube_xy[:, 0], y - self.cube_xy[:, 1]
         return cos_yaw * dx + sin_yaw * dy, cos_yaw * dy - sin_yaw * dx
 
-    def _resolve_contact(self, tcp_prev: torch.Tensor, tcp: torch.Tensor) -> None:
-        """Push each cube out of the TCP sphere that moved from ``tcp_prev`` to ``tcp`` [N, 3].
+    def _resolve_contacts(self, tcp_before: torch.Tensor, tcp_after: torch.Tensor) -> None:
+        """Push each cube out of the TCP sphere moving from ``tcp_before`` to ``tcp_after`` [N, 3], in
+        ``contact_substeps`` straight sub-steps (points ``lerp(tcp_before, tcp_after, k / K)``), each resolving
+        contact against the cube as the previous sub-steps left it.
 
         Works in the cube frame (2-D). If the TCP centre is outside the square, the contact point is
         the square's closest point and the normal points from it to the TCP. If the centre got
@@ -628,37 +666,67 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         ``-normal * penetration`` and turns by
         ``push_friction * (contact x displacement) / (rho^2 + |contact|^2)``, with rho^2 = side^2 / 6
         (the square's radius of gyration), so a push through the centre never turns it.
+
+        Speed: a sub-step costs ~60 tensor ops on [N] or [2, N] (u and v, or x and y, side by side), so at
+        thousands of envs on a CPU the op count, not the arithmetic, sets the time. Choices are made with float
+        arithmetic instead of boolean masks (``sign`` for tests, ``lerp`` with 0/1 weights to select, exact for
+        finite values), which are several times cheaper than comparisons and ``torch.where`` on a CPU; every
+        value is computed with the same float operations in the same order as the plain formulas above, so
+        the results are the same bit for bit.
         """
+        num, substeps = self.num_envs, self.contact_substeps
+        before, after = tcp_before.T, tcp_after.T  # [3, N]
+        path = torch.empty(substeps + 1, 3, num, device=self.device)  # the sub-step points, row 0 the start
+        path[0] = before
+        path[1:] = torch.lerp(before.unsqueeze(0), after.unsqueeze(0), self._substep_fractions)
+        points = path[:, :2]  # [x, y] ...
+        points_perp = torch.stack((path[:, 1], -path[:, 0]), 1)  # ... and [y, -x] (turned by -90 degrees)
         half = self.cube_half_size
-        cos_yaw, sin_yaw = torch.cos(self.cube_yaw), torch.sin(self.cube_yaw)
-        u, v = self._to_cube_frame(tcp[:, 0], tcp[:, 1], cos_yaw, sin_yaw)
-        u_prev, v_prev = self._to_cube_frame(tcp_prev[:, 0], tcp_prev[:, 1], cos_yaw, sin_yaw)
+        # 0 where the TCP is low enough to touch the cube, -inf where it passes above: push = max(pen + bias, 0).
+        bias = torch.where(path[1:, 2] - TCP_RADIUS < 2 * half, 0.0, -math.inf)
+        half2, neg_half2 = half.expand(2, num), (-half).expand(2, num)
+        gyration = 2.0 / 3.0 * half * half
+        one, zero, tiny, radius, one_half, zero2, one2 = self._contact_constants
+        u_face_first = self._u_face_first
+        centre = self.cube_xy.T.contiguous()  # [2, N], updated in place
+        yaw = self.cube_yaw.clone()
+        for k in range(substeps):
+            cos_yaw, sin_yaw = torch.cos(yaw), torch.sin(yaw)
+            centre_perp = centre.flip(0) * u_face_first  # [cy, -cx]
+            # (u, v) = (c dx + s dy, c dy - s dx) of the previous and the current sub-step point: [2, 2, N]
+            local = cos_yaw * (points[k : k + 2] - centre) + sin_yaw * (points_perp[k : k + 2] - centre_perp)
+            prev, cur = local.unbind(0)
+            # Centre outside the square: closest point and outward normal.
+            closest = torch.clamp(cur, neg_half2, half2)
+            off = cur - closest
+            off_sq_u, off_sq_v = (off * off).unbind(0)
+            gap = torch.sqrt(off_sq_u + off_sq_v)
+            outside = torch.sign(gap)  # 1 outside the square, 0 inside
+            inside = one - outside
+            normal_out = off * torch.reciprocal(torch.maximum(gap, tiny))
+            # Centre inside: the face it came through, [u face, v face] as 1/0 (u when |u_prev| >= |v_prev|) ...
+            abs_u, abs_v = prev.abs().unbind(0)
+            face = torch.clamp(torch.sign(abs_u - abs_v) * u_face_first + self._u_face_offset, zero2, one2)
+            prev_u, prev_v = (face * prev).unbind(0)
+            face_sign = torch.sign(torch.sign(prev_u + prev_v) + one_half)  # ... and its side: 1 if >= 0, else -1
+            normal_in = face * face_sign
+            across_u, across_v = (normal_in * cur).unbind(0)
+            depth = half - (across_u + across_v)
 
-        # Centre outside the square: closest point and outward normal.
-        closest_u, closest_v = torch.clamp(u, -half, half), torch.clamp(v, -half, half)
-        off_u, off_v = u - closest_u, v - closest_v
-        gap = torch.sqrt(off_u * off_u + off_v * off_v)
-        outside = gap > 0
-        inv_gap = 1.0 / gap.clamp_min(1e-12)
-        # Centre inside the square: the face it came through.
-        through_u_face = u_prev.abs() >= v_prev.abs()
-        face_sign = torch.where(torch.where(through_u_face, u_prev, v_prev) >= 0, 1.0, -1.0)
-        depth = half - face_sign * torch.where(through_u_face, u, v)
-
-        normal_u = torch.where(outside, off_u * inv_gap, torch.where(through_u_face, face_sign, 0.0))
-        normal_v = torch.where(outside, off_v * inv_gap, torch.where(through_u_face, 0.0, face_sign))
-        contact_u = torch.where(outside | ~through_u_face, closest_u, face_sign * half)
-        contact_v = torch.where(outside | through_u_face, closest_v, face_sign * half)
-        penetration = TCP_RADIUS + torch.where(outside, -gap, depth)
-        touching = tcp[:, 2] - TCP_RADIUS < 2 * half
-        push = torch.where(touching, penetration.clamp_min(0.0), 0.0)
-
-        shift_u, shift_v = -normal_u * push, -normal_v * push
-        torque = contact_u * shift_v - contact_v * shift_u
-        lever_sq = contact_u * contact_u + contact_v * contact_v
-        self.cube_yaw = self.cube_yaw + self.push_friction * torque / (2.0 / 3.0 * half * half + lever_sq)
-        shift_x, shift_y = cos_yaw * shift_u - sin_yaw * shift_v, sin_yaw * shift_u + cos_yaw * shift_v
-        self.cube_xy = self.cube_xy + torch.stack((shift_x, shift_y), -1)
+            normal = torch.lerp(normal_in, normal_out, outside)
+            contact = torch.lerp(closest, face_sign * half, face * inside)
+            penetration = (radius - gap) + depth * inside
+            push = torch.maximum(penetration + bias[k], zero)
+            moved = normal * push  # the cube moves by -moved (cube frame)
+            moved_u, moved_v = moved.unbind(0)
+            contact_u, contact_v = contact.unbind(0)
+            torque = contact_v * moved_u - contact_u * moved_v  # contact x (-moved)
+            lever_u, lever_v = (contact * contact).unbind(0)
+            yaw += self.push_friction * torque / (gyration + (lever_u + lever_v))
+            moved_perp = moved.flip(0) * self._perp_sign  # [-moved_v, moved_u]
+            centre -= cos_yaw * moved + sin_yaw * moved_perp  # the world-frame displacement
+        self.cube_xy = centre.T.contiguous()
+        self.cube_yaw = yaw
 
     def _reward(self, distance_to_goal: torch.Tensor, success: torch.Tensor, actions: torch.Tensor):
         """The reward [N] and its weighted terms {name: [N]} (see DEFAULT_REWARD_WEIGHTS); the reward is their
