@@ -58,6 +58,7 @@ variants = {
     "events": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, randomize={"cube_half_size": [0.015, 0.025]},
                                        randomize_every=10, event_cube_shift_std=0.01),
     "action_rate": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, reward_weights={"action_rate": 0.01}),
+    "cube_dynamics=sliding": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, cube_dynamics="sliding"),
 }
 envs = {name: make() for name, make in variants.items()}
 actions = {name: 2 * torch.rand(50, N, env.single_action_space.shape[0], generator=torch.Generator().manual_seed(0)) - 1

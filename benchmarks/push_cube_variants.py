@@ -35,7 +35,7 @@ from benchlib import CONFIG_DIR, REPO, md_table, merge_flags, read_flags, read_s
 VARIANTS = {
     "default": {},
     "legacy": {"arm_limits": False},
-    "sliding": {"cube_friction": 0.5},
+    "sliding": {"cube_dynamics": "sliding", "cube_friction": 0.5},
 }
 THRESHOLD = 0.9
 

@@ -24,6 +24,11 @@ down by 1), with the physics replaced by a few batched tensor ops so that thousa
   cannot tunnel through the cube at full speed: a sub-step only tunnels when longer than the cube
   plus the sphere (0.06 m), i.e. 0.48 m per control step with 8 sub-steps, while the fastest TCP
   motion is 0.085 m per step with the arm limits (about 0.21 m near the table without them).
+  ``cube_dynamics="sliding"`` gives the cube a velocity instead: a push sets the cube's velocity along the
+  contact normal to the TCP's (a perfectly inelastic hit by the much heavier arm, tangential velocity
+  kept), and the cube keeps sliding after the contact, slowed by Coulomb friction with the table
+  (``cube_friction`` mu: mu * g of deceleration, so a cube at speed v stops after v^2 / (2 mu g)). Pushes
+  still move it out of the TCP sphere, so the arm never passes through it; it turns only while pushed.
 * Reward: named terms with weights (``reward_weights``), each step's weighted terms in
   ``info["rewards"]``; the default weights give ManiSkill's normalized dense reward minus 1.
 * Events: physical parameters and noise levels are resampled at every reset (``randomize``), and
@@ -56,6 +61,10 @@ PUSH_POINT_MARGIN = 0.005  # the reward's push point lies this far behind the TC
 REACH_THRESHOLD = 0.01  # TCP within this distance of the push point counts as "reached"
 ABOVE_CUBE_TOLERANCE = 1e-5  # slack when deciding that the TCP comes down onto the cube's top face
 DLS_DAMPING = 0.01  # damping of the least-squares Jacobian inverse of action_mode="ee_delta_pos"
+GRAVITY = 9.81  # m/s^2, for the sliding cube's friction
+CUBE_FRICTION = 0.5  # default Coulomb friction coefficient cube-table (cube_dynamics="sliding")
+
+CUBE_DYNAMICS = ("kinematic", "sliding")
 
 ACTION_MODES = ("joint_delta", "joint_pos", "ee_delta_pos")
 
@@ -94,12 +103,16 @@ OBS_LAYOUT = (
     ("object", "cube_to_goal", 3),
 )
 OBS_DIM = sum(size for _, _, size in OBS_LAYOUT)
+# cube_dynamics="sliding" adds the cube's velocity (world xy, m/s): the cube moves on its own after a push.
+SLIDING_OBS_LAYOUT = (*OBS_LAYOUT, ("object", "cube_vel", 2))
 
-# Per-env state tensors; state_dict() saves exactly these (plus the generator and the group size).
+# Per-env state tensors; state_dict() saves exactly these (plus the generator and the group size), and
+# cube_vel with cube_dynamics="sliding".
 STATE_KEYS = (
     "qpos", "qvel", "tcp_pos", "cube_xy", "cube_yaw", "goal_xy",
     "cube_half_size", "push_friction", "obs_noise_std", "action_noise_std", "prev_action", "elapsed_steps",
 )  # fmt: skip
+SLIDING_STATE_KEYS = (*STATE_KEYS, "cube_vel")
 
 # Top-down render: the world rectangle shown and the colours used (RGB in [0, 1]).
 RENDER_X_RANGE = (-0.75, 0.45)
@@ -153,7 +166,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     """Batched PushCube task on torch tensors (Gymnasium vector API, SAME_STEP autoreset).
 
     Observation (state mode, float32 [N, 31]): qpos (7), qvel (7), tcp_pos (3), cube_pos (3),
-    sin/cos of the cube yaw (2), goal_pos (3), tcp->cube (3), cube->goal (3). ``obs_mode="dict"``
+    sin/cos of the cube yaw (2), goal_pos (3), tcp->cube (3), cube->goal (3); with ``cube_dynamics="sliding"``
+    also the cube's velocity (2, world xy), [N, 33] (``self.obs_dim``). ``obs_mode="dict"``
     returns the same values as a nested TensorDict {"robot", "object", "goal"} of batch size [N].
     ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]} and ``"state+rgb"`` a TensorDict
     {"state": float32 [N, 31], "rgb": uint8 [N, 3, H, W]} (``image_size``, default 64 x 64);
@@ -222,6 +236,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         cube_xy_range: float = 0.1,
         cube_yaw_range: float = 0.0,
         contact_substeps: int = 8,
+        cube_dynamics: str = "kinematic",
+        cube_friction: float = CUBE_FRICTION,
         cube_half_size_range: Sequence[float] | None = None,
         push_friction: float = 1.0,
         push_friction_range: Sequence[float] | None = None,
@@ -264,6 +280,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             cube_xy_range: the cube starts uniformly in [-range, range]^2.
             cube_yaw_range: the cube's start yaw is uniform in [-range, range] radians.
             contact_substeps: straight sub-steps of the TCP path per control step for contact.
+            cube_dynamics: "kinematic" (a push moves the cube by exactly the penetration, then it stops) or
+                "sliding" (a push gives the cube the TCP's velocity along the contact normal and the cube
+                slides on, slowed by friction; its velocity is observed and saved with the state).
+            cube_friction: Coulomb friction coefficient mu of the sliding cube on the table (deceleration
+                mu * 9.81 m/s^2; cube_dynamics="sliding" only).
             cube_half_size_range: (low, high), same as ``randomize={"cube_half_size": (low, high)}``.
             push_friction: how strongly an off-centre push turns the cube (0: never turns).
             push_friction_range: (low, high), same as ``randomize={"push_friction": (low, high)}``.
@@ -298,6 +319,12 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.cube_xy_range = cube_xy_range
         self.cube_yaw_range = cube_yaw_range
         self.contact_substeps = int(contact_substeps)
+        self.cube_dynamics = cube_dynamics
+        self.cube_friction = float(cube_friction)
+        self._sliding = cube_dynamics == "sliding"
+        self.obs_layout = SLIDING_OBS_LAYOUT if self._sliding else OBS_LAYOUT
+        self.obs_dim = sum(size for _, _, size in self.obs_layout)
+        self._state_keys = SLIDING_STATE_KEYS if self._sliding else STATE_KEYS
         self.param_ranges = ranges
         self.reward_weights = {**DEFAULT_REWARD_WEIGHTS, **(reward_weights or {})}
         self._active_terms = [name for name, w in self.reward_weights.items() if w != 0.0]
@@ -344,9 +371,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         )
         self._contact_constants = (full(1.0), full(0.0), full(1e-12), full(TCP_RADIUS), full(0.5), full(0.0, 2),
                                    full(1.0, 2))  # fmt: skip
-        self._u_face_first = torch.tensor([1.0, -1.0], device=self.device).view(2, 1)
+        self._sign_plus_minus = torch.tensor([1.0, -1.0], device=self.device).view(2, 1)  # [cy, -cx] from [cy, cx]
         self._u_face_offset = torch.tensor([1.0, 0.0], device=self.device).view(2, 1)
-        self._perp_sign = torch.tensor([-1.0, 1.0], device=self.device).view(2, 1)
+        self._sign_minus_plus = torch.tensor([-1.0, 1.0], device=self.device).view(2, 1)
         self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()
@@ -361,7 +388,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ spaces
     def _build_spaces(self) -> None:
         """Set the single and batched observation/action spaces."""
-        state_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        state_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
         image_space = gym.spaces.Box(0, 255, (3, *self.image_size), np.uint8)
         if self.obs_mode == "state":
             self.single_observation_space = state_space
@@ -371,7 +398,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             self.single_observation_space = gym.spaces.Dict({"state": state_space, "rgb": image_space})
         else:
             groups: dict[str, dict[str, gym.spaces.Box]] = {}
-            for group, name, size in OBS_LAYOUT:
+            for group, name, size in self.obs_layout:
                 groups.setdefault(group, {})[name] = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
             nested = {group: gym.spaces.Dict(boxes) for group, boxes in groups.items()}
             self.single_observation_space = gym.spaces.Dict(nested)
@@ -444,6 +471,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             **params,
             "prev_action": torch.zeros(self.action_space.shape, device=self.device),
             "elapsed_steps": torch.zeros(self.num_envs, dtype=torch.int32, device=self.device),
+            **({"cube_vel": torch.zeros_like(cube_xy)} if self._sliding else {}),
         }
 
     def _reset_finished(self, done: torch.Tensor) -> None:
@@ -676,6 +704,12 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         ``push_friction * (contact x displacement) / (rho^2 + |contact|^2)``, with rho^2 = side^2 / 6
         (the square's radius of gyration), so a push through the centre never turns it.
 
+        With ``cube_dynamics="sliding"`` the cube first slides for the sub-step's time (``_slide``), so that it
+        cannot slide through the TCP either, and a push also sets the cube's velocity along the contact normal
+        to the TCP's where the TCP closes in faster (the TCP moves at constant velocity over the control step):
+        ``v -= max((v - v_tcp) . n, 0) n`` (a perfectly inelastic hit by the far heavier arm; the tangential
+        velocity is kept, the TCP-cube contact being frictionless).
+
         Speed: a sub-step costs ~60 tensor ops on [N] or [2, N] (u and v, or x and y, side by side), so at
         thousands of envs on a CPU the op count, not the arithmetic, sets the time. Choices are made with float
         arithmetic instead of boolean masks (``sign`` for tests, ``lerp`` with 0/1 weights to select, exact for
@@ -696,12 +730,17 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         half2, neg_half2 = half.expand(2, num), (-half).expand(2, num)
         gyration = 2.0 / 3.0 * half * half
         one, zero, tiny, radius, one_half, zero2, one2 = self._contact_constants
-        u_face_first = self._u_face_first
+        sign_plus_minus = self._sign_plus_minus
         centre = self.cube_xy.T.contiguous()  # [2, N], updated in place
         yaw = self.cube_yaw.clone()
+        if self._sliding:
+            velocity = self.cube_vel.T.contiguous()  # [2, N], updated in place
+            tcp_velocity = (after[:2] - before[:2]) / CONTROL_DT
         for k in range(substeps):
+            if self._sliding:  # the cube slides for the sub-step, then the TCP's sub-step point pushes it
+                self._slide(centre, velocity, CONTROL_DT / substeps)
             cos_yaw, sin_yaw = torch.cos(yaw), torch.sin(yaw)
-            centre_perp = centre.flip(0) * u_face_first  # [cy, -cx]
+            centre_perp = centre.flip(0) * sign_plus_minus  # [cy, -cx]
             # (u, v) = (c dx + s dy, c dy - s dx) of the previous and the current sub-step point: [2, 2, N]
             local = cos_yaw * (points[k : k + 2] - centre) + sin_yaw * (points_perp[k : k + 2] - centre_perp)
             prev, cur = local.unbind(0)
@@ -715,7 +754,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             normal_out = off * torch.reciprocal(torch.maximum(gap, tiny))
             # Centre inside: the face it came through, [u face, v face] as 1/0 (u when |u_prev| >= |v_prev|) ...
             abs_u, abs_v = prev.abs().unbind(0)
-            face = torch.clamp(torch.sign(abs_u - abs_v) * u_face_first + self._u_face_offset, zero2, one2)
+            face = torch.clamp(torch.sign(abs_u - abs_v) * sign_plus_minus + self._u_face_offset, zero2, one2)
             prev_u, prev_v = (face * prev).unbind(0)
             face_sign = torch.sign(torch.sign(prev_u + prev_v) + one_half)  # ... and its side: 1 if >= 0, else -1
             normal_in = face * face_sign
@@ -732,10 +771,34 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             torque = contact_v * moved_u - contact_u * moved_v  # contact x (-moved)
             lever_u, lever_v = (contact * contact).unbind(0)
             yaw += self.push_friction * torque / (gyration + (lever_u + lever_v))
-            moved_perp = moved.flip(0) * self._perp_sign  # [-moved_v, moved_u]
+            moved_perp = moved.flip(0) * self._sign_minus_plus  # [-moved_v, moved_u]
             centre -= cos_yaw * moved + sin_yaw * moved_perp  # the world-frame displacement
+            if self._sliding:
+                normal_world = cos_yaw * normal + sin_yaw * (normal.flip(0) * self._sign_minus_plus)
+                closing_u, closing_v = ((velocity - tcp_velocity) * normal_world).unbind(0)
+                closing = torch.maximum(closing_u + closing_v, zero) * torch.sign(push)  # 0 without contact
+                velocity -= closing * normal_world
         self.cube_xy = centre.T.contiguous()
         self.cube_yaw = yaw
+        if self._sliding:
+            self.cube_vel = velocity.T.contiguous()
+
+    def _slide(self, centre: torch.Tensor, velocity: torch.Tensor, duration: float) -> None:
+        """cube_dynamics="sliding": free sliding for ``duration`` seconds, in place on the cube centres and
+        velocities ([2, N], world x and y). The cube moves along its velocity and slows down by mu g (Coulomb
+        friction with the table) until it stops: by the mean speed times the duration while it keeps sliding,
+        else by v^2 / (2 mu g) to where it stops, so that a cube left at speed v slides exactly v^2 / (2 mu g)
+        however the time is cut."""
+        velocity_x, velocity_y = velocity.unbind(0)
+        speed = torch.sqrt(velocity_x * velocity_x + velocity_y * velocity_y)
+        deceleration = self.cube_friction * GRAVITY
+        slowdown = deceleration * duration  # speed lost while still sliding
+        new_speed = (speed - slowdown).clamp_min(0.0)
+        distance = torch.where(speed > slowdown, 0.5 * duration * (speed + new_speed),
+                               speed * speed / (2.0 * deceleration))  # fmt: skip
+        direction = velocity / speed.clamp_min(1e-12)
+        centre += direction * distance
+        velocity.copy_(direction * new_speed)
 
     def _reward(self, distance_to_goal: torch.Tensor, success: torch.Tensor, actions: torch.Tensor):
         """The reward [N] and its weighted terms {name: [N]} (see DEFAULT_REWARD_WEIGHTS); the reward is their
@@ -772,13 +835,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ observations
     def _observe(self) -> torch.Tensor:
-        """Flat float32 observation [N, 31] of the current state (plus observation noise)."""
+        """Flat float32 observation [N, obs_dim] of the current state (plus observation noise)."""
         cube_pos = torch.cat((self.cube_xy, self.cube_half_size.unsqueeze(-1)), -1)
         goal_pos = torch.cat((self.goal_xy, torch.zeros_like(self.cube_yaw).unsqueeze(-1)), -1)
         yaw = self.cube_yaw.unsqueeze(-1)
         obs = torch.cat(
             (self.qpos, self.qvel, self.tcp_pos, cube_pos, torch.sin(yaw), torch.cos(yaw), goal_pos,
-             cube_pos - self.tcp_pos, goal_pos - cube_pos),
+             cube_pos - self.tcp_pos, goal_pos - cube_pos, *((self.cube_vel,) if self._sliding else ())),
             -1,
         )  # fmt: skip
         if self._obs_noise:
@@ -797,26 +860,27 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             return TensorDict({"rgb": images}, batch_size=[self.num_envs], device=self.device)
         if self.obs_mode == "state+rgb":
             return TensorDict({"state": flat_obs, "rgb": images}, batch_size=[self.num_envs], device=self.device)
-        pieces = flat_obs.split([size for _, _, size in OBS_LAYOUT], dim=-1)
+        pieces = flat_obs.split([size for _, _, size in self.obs_layout], dim=-1)
         nested: dict[str, dict[str, torch.Tensor]] = {}
-        for (group, name, _), piece in zip(OBS_LAYOUT, pieces):
+        for (group, name, _), piece in zip(self.obs_layout, pieces):
             nested.setdefault(group, {})[name] = piece
         return TensorDict(nested, batch_size=[self.num_envs], device=self.device)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, torch.Tensor]:
         """All env state as plain tensors (clones), enough for a bit-identical continuation."""
-        state = {key: getattr(self, key).clone() for key in STATE_KEYS}
+        state = {key: getattr(self, key).clone() for key in self._state_keys}
         state["group_size"] = torch.tensor(self._group_size)
         state["generator_state"] = self._generator.get_state()
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what :meth:`state_dict` returned (for the same num_envs)."""
-        missing = set(STATE_KEYS) - set(state)
+        missing = set(self._state_keys) - set(state)
         if missing:
-            raise KeyError(f"PushCubeRL.load_state_dict: missing keys {sorted(missing)}")
-        for key in STATE_KEYS:
+            raise KeyError(f"PushCubeRL.load_state_dict: missing keys {sorted(missing)}"
+                           + (" (a state saved with cube_dynamics='kinematic'?)" if "cube_vel" in missing else ""))
+        for key in self._state_keys:
             current = getattr(self, key)
             if tuple(state[key].shape) != tuple(current.shape):
                 raise ValueError(
@@ -1108,6 +1172,10 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
             fail(kwarg, "a number >= 0")
     if not _is_int(args["contact_substeps"]) or args["contact_substeps"] < 1:
         fail("contact_substeps", "an integer >= 1")
+    if args["cube_dynamics"] not in CUBE_DYNAMICS:
+        fail("cube_dynamics", " or ".join(repr(m) for m in CUBE_DYNAMICS))
+    if not number("cube_friction") or args["cube_friction"] <= 0:
+        fail("cube_friction", "a number > 0 (Coulomb friction coefficient of the cube on the table)")
     if not _is_int(args["randomize_every"]) or args["randomize_every"] < 0:
         fail("randomize_every", "an integer >= 0 (control steps between events; 0: no interval event)")
     at = args["randomize_at"]
