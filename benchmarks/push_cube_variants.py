@@ -4,8 +4,9 @@
     uv run python benchmarks/push_cube_variants.py --variants legacy --source /tmp/old --tag before
 
 For every (variant, seed) it runs ``cleanrl_embodied/ppo_continuous.py`` (PushCubeRL, the quick suite's flags
-from benchmarks/configs/ppo_continuous__PushCubeRL.txt, ``--total-timesteps`` and ``--eval-freq`` below) in
-its own process, one at a time, ``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events:
+from benchmarks/configs/ppo_continuous__PushCubeRL.txt, ``--total-timesteps`` and ``--eval-freq`` below, the
+variant's env kwargs for the training and the eval envs) in its own process, one at a time,
+``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events:
 
 - env steps and loop wall time (``global_step / charts/SPS``, start-up excluded, evaluations included) at
   the first evaluation with ``eval/success_rate >= 0.9``;
@@ -66,8 +67,9 @@ def run_one(args: Args, variant: str, seed: int) -> dict:
                         ["--total-timesteps", str(args.total_timesteps), "--eval-freq", str(args.eval_freq),
                          "--save-freq", "0", "--no-cuda", "--env-id", "PushCubeRL"],
                         args.extra.split())
-    if env_kwargs:
-        flags += ["--env-kwargs", json.dumps(env_kwargs)]
+    if env_kwargs:  # the eval envs too: they take no --env-kwargs of their own (and arm_limits=False trained,
+        # then evaluated with the limits, or a 33-dim sliding observation, would measure something else)
+        flags += ["--env-kwargs", json.dumps(env_kwargs), "--eval-env-kwargs", json.dumps(env_kwargs)]
     out_dir = Path(args.runs_dir) / args.tag / f"{variant}__{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)  # read back only this run
