@@ -55,8 +55,9 @@ variants = {
     "arm_limits=False": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, arm_limits=False),
     "default": lambda: PushCubeRLVecEnv(num_envs=N, seed=0),
     "action_mode=ee_delta_pos": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, action_mode="ee_delta_pos"),
-    "events": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, randomize={"cube_half_size": [0.015, 0.025]},
-                                       randomize_every=10, event_cube_shift_std=0.01),
+    "events": lambda: PushCubeRLVecEnv(
+        num_envs=N, seed=0, randomize={"cube_half_size": [0.015, 0.025]}, randomize_every=10, event_cube_shift_std=0.01
+    ),
     "action_rate": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, reward_weights={"action_rate": 0.01}),
     "cube_dynamics=sliding": lambda: PushCubeRLVecEnv(num_envs=N, seed=0, cube_dynamics="sliding"),
 }

@@ -91,9 +91,7 @@ def link_transforms(q: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows, dim=-1).reshape(*q.shape, 4, 4)
 
 
-def frame_transforms(
-    q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
-) -> torch.Tensor:
+def frame_transforms(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS) -> torch.Tensor:
     """World transforms of frames 1..7 and of the TCP frame: [N, 7] -> [N, 8, 4, 4].
 
     The TCP frame is frame 7 shifted along its z axis (the hand's rotation about z does not
@@ -112,9 +110,7 @@ def frame_transforms(
     return torch.stack(frames, dim=1)
 
 
-def forward_kinematics(
-    q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS
-) -> torch.Tensor:
+def forward_kinematics(q: torch.Tensor, base_pos: tuple[float, float, float] = DEFAULT_BASE_POS) -> torch.Tensor:
     """World positions of the base, the 7 joint frames and the TCP: [N, 7] -> [N, 9, 3].
 
     Consecutive points are joined by the arm's links, which is what a renderer needs.

@@ -885,8 +885,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         """Restore what :meth:`state_dict` returned (for the same num_envs)."""
         missing = set(self._state_keys) - set(state)
         if missing:
-            raise KeyError(f"PushCubeRL.load_state_dict: missing keys {sorted(missing)}"
-                           + (" (a state saved with cube_dynamics='kinematic'?)" if "cube_vel" in missing else ""))
+            raise KeyError(
+                f"PushCubeRL.load_state_dict: missing keys {sorted(missing)}"
+                + (" (a state saved with cube_dynamics='kinematic'?)" if "cube_vel" in missing else "")
+            )
         for key in self._state_keys:
             current = getattr(self, key)
             if tuple(state[key].shape) != tuple(current.shape):
@@ -1007,8 +1009,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._tcp_disk_radius = max(TCP_RADIUS, 2.0 * pixel)
         self._link_radius = max(LINK_HALF_WIDTH, 0.75 * pixel)
         # A disk of radius r around a point in pixel column c covers columns c - floor(r + 1/2) .. c + floor(r + 1/2).
-        tile = lambda radius: torch.arange(-math.floor(radius / pixel + 0.5), math.floor(radius / pixel + 0.5) + 1,
-                                           device=self.device)  # noqa: E731  (pixel offsets of a disk's tile)
+        tile = lambda radius: torch.arange(
+            -math.floor(radius / pixel + 0.5), math.floor(radius / pixel + 0.5) + 1, device=self.device
+        )  # noqa: E731  (pixel offsets of a disk's tile)
         self._tile_goal_region, self._tile_goal_centre = tile(self.goal_radius), tile(self._goal_centre_radius)
         self._tile_cube = tile(math.sqrt(2.0) * half_max)
         self._tile_tcp = tile(self._tcp_disk_radius)
@@ -1076,8 +1079,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         # everywhere, and one spare slot at the end.
         keys = torch.zeros(num * height * width + 1, dtype=torch.int32, device=self.device)
         goal_x, goal_y = self.goal_xy[:, :1], self.goal_xy[:, 1:]
-        for radius, offsets, material in ((self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
-                                          (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE)):
+        for radius, offsets, material in (
+            (self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
+            (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE),
+        ):
             flat, px, py = self._tiles(goal_x, goal_y, offsets)
             self._draw(keys, flat, (px - col(goal_x)) ** 2 + (py - col(goal_y)) ** 2 <= radius * radius, material)
 
@@ -1121,7 +1126,6 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     def close(self) -> None:
         """Nothing to release."""
-
 
 
 def _is_number(value) -> bool:
@@ -1171,10 +1175,19 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
         if not number(kwarg):
             fail(kwarg, "a finite number (radians)")
     if not number("goal_distance") or args["goal_distance"] <= args["goal_radius"]:
-        fail("goal_distance", f"a number > goal_radius ({args['goal_radius']!r}; else the cube starts in the goal "
-             "and every episode succeeds at its first step)")
-    for kwarg in ("cube_xy_range", "cube_yaw_range", "push_friction", "obs_noise_std", "action_noise_std",
-                  "event_cube_shift_std"):
+        fail(
+            "goal_distance",
+            f"a number > goal_radius ({args['goal_radius']!r}; else the cube starts in the goal "
+            "and every episode succeeds at its first step)",
+        )
+    for kwarg in (
+        "cube_xy_range",
+        "cube_yaw_range",
+        "push_friction",
+        "obs_noise_std",
+        "action_noise_std",
+        "event_cube_shift_std",
+    ):
         if not number(kwarg) or args[kwarg] < 0:
             fail(kwarg, "a number >= 0")
     if not _is_int(args["contact_substeps"]) or args["contact_substeps"] < 1:
@@ -1202,8 +1215,10 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
             fail("reward_weights", f"a dict {{term: weight}} with terms {', '.join(DEFAULT_REWARD_WEIGHTS)}")
         for name, weight in weights.items():
             if name not in DEFAULT_REWARD_WEIGHTS:
-                raise ValueError(f"PushCubeRL: reward_weights has an unknown term {name!r}; terms: "
-                                 f"{', '.join(DEFAULT_REWARD_WEIGHTS)}")
+                raise ValueError(
+                    f"PushCubeRL: reward_weights has an unknown term {name!r}; terms: "
+                    f"{', '.join(DEFAULT_REWARD_WEIGHTS)}"
+                )
             if not _is_number(weight) or not math.isfinite(weight):
                 raise ValueError(f"PushCubeRL: reward_weights[{name!r}] must be a finite number, got {weight!r}")
 
@@ -1218,8 +1233,9 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
             ranges[name] = _check_range(kwarg, args[kwarg], RANDOMIZABLE[name])
     for name, value in randomize.items():
         if name not in RANDOMIZABLE:
-            raise ValueError(f"PushCubeRL: randomize has an unknown parameter {name!r}; parameters: "
-                             f"{', '.join(RANDOMIZABLE)}")
+            raise ValueError(
+                f"PushCubeRL: randomize has an unknown parameter {name!r}; parameters: {', '.join(RANDOMIZABLE)}"
+            )
         ranges[name] = _check_range(f"randomize[{name!r}]", value, RANDOMIZABLE[name])
     return ranges
 
