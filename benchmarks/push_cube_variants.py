@@ -4,8 +4,9 @@
     uv run python benchmarks/push_cube_variants.py --variants legacy --source /tmp/old --tag before
 
 For every (variant, seed) it runs ``cleanrl_embodied/ppo_continuous.py`` (PushCubeRL, the quick suite's flags
-from benchmarks/configs/ppo_continuous__PushCubeRL.txt, ``--total-timesteps`` and ``--eval-freq`` below) in
-its own process, one at a time, ``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events:
+from benchmarks/configs/ppo_continuous__PushCubeRL.txt, ``--total-timesteps`` and ``--eval-freq`` below, the
+variant's env kwargs for the training and the eval envs) in its own process, one at a time,
+``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events:
 
 - env steps and loop wall time (``global_step / charts/SPS``, start-up excluded, evaluations included) at
   the first evaluation with ``eval/success_rate >= 0.9``;
@@ -35,7 +36,7 @@ from benchlib import CONFIG_DIR, REPO, md_table, merge_flags, read_flags, read_s
 VARIANTS = {
     "default": {},
     "legacy": {"arm_limits": False},
-    "sliding": {"cube_friction": 0.5},
+    "sliding": {"cube_dynamics": "sliding", "cube_friction": 0.5},
 }
 THRESHOLD = 0.9
 
@@ -62,17 +63,36 @@ class Args:
 def run_one(args: Args, variant: str, seed: int) -> dict:
     source = Path(args.source).resolve() if args.source else REPO
     env_kwargs = {**VARIANTS[variant], **json.loads(args.kwargs.get(variant, "{}"))}
-    flags = merge_flags(read_flags(CONFIG_DIR / "ppo_continuous__PushCubeRL.txt"),
-                        ["--total-timesteps", str(args.total_timesteps), "--eval-freq", str(args.eval_freq),
-                         "--save-freq", "0", "--no-cuda", "--env-id", "PushCubeRL"],
-                        args.extra.split())
-    if env_kwargs:
-        flags += ["--env-kwargs", json.dumps(env_kwargs)]
+    flags = merge_flags(
+        read_flags(CONFIG_DIR / "ppo_continuous__PushCubeRL.txt"),
+        [
+            "--total-timesteps",
+            str(args.total_timesteps),
+            "--eval-freq",
+            str(args.eval_freq),
+            "--save-freq",
+            "0",
+            "--no-cuda",
+            "--env-id",
+            "PushCubeRL",
+        ],
+        args.extra.split(),
+    )
+    if env_kwargs:  # the eval envs too: they take no --env-kwargs of their own (and arm_limits=False trained,
+        # then evaluated with the limits, or a 33-dim sliding observation, would measure something else)
+        flags += ["--env-kwargs", json.dumps(env_kwargs), "--eval-env-kwargs", json.dumps(env_kwargs)]
     out_dir = Path(args.runs_dir) / args.tag / f"{variant}__{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)  # read back only this run
-    cmd = [sys.executable, str(source / "cleanrl_embodied" / "ppo_continuous.py"), *flags, "--seed", str(seed),
-           "--output-dir", str(out_dir)]
+    cmd = [
+        sys.executable,
+        str(source / "cleanrl_embodied" / "ppo_continuous.py"),
+        *flags,
+        "--seed",
+        str(seed),
+        "--output-dir",
+        str(out_dir),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if args.source:
         env["PYTHONPATH"] = str(source)
@@ -87,13 +107,21 @@ def run_one(args: Args, variant: str, seed: int) -> dict:
     _, length = scalars["eval/episodic_length"]
     hit = next((i for i, s in enumerate(success) if s >= THRESHOLD), None)
     hit_time = None if hit is None else float(np.interp(steps[hit], sps_steps, sps_steps / np.maximum(sps, 1e-9)))
-    return {"variant": variant, "seed": seed, "env_kwargs": env_kwargs,
-            "command": shell_command(cmd, {"OMP_NUM_THREADS": "1"}).replace(str(source) + "/", ""),
-            "steps_to_0.9": None if hit is None else steps[hit], "time_to_0.9_s": hit_time,
-            "final_success": success[-1], "final_length": length[-1], "global_step": steps[-1],
-            "solved_length": None if success[-1] == 0 else
-            (length[-1] - (1 - success[-1]) * env_kwargs.get("max_episode_steps", 50)) / success[-1],
-            "process_wall_s": round(time.time() - start, 1)}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "env_kwargs": env_kwargs,
+        "command": shell_command(cmd, {"OMP_NUM_THREADS": "1"}).replace(str(source) + "/", ""),
+        "steps_to_0.9": None if hit is None else steps[hit],
+        "time_to_0.9_s": hit_time,
+        "final_success": success[-1],
+        "final_length": length[-1],
+        "global_step": steps[-1],
+        "solved_length": None
+        if success[-1] == 0
+        else (length[-1] - (1 - success[-1]) * env_kwargs.get("max_episode_steps", 50)) / success[-1],
+        "process_wall_s": round(time.time() - start, 1),
+    }
 
 
 def fmt(values: list, digits: int, scale: float = 1.0, unit: str = "") -> str:
@@ -117,13 +145,31 @@ def main(args: Args) -> None:
     rows = []
     for variant in args.variants:
         mine = [r for r in records if r["variant"] == variant]
-        rows.append([variant, json.dumps(mine[0]["env_kwargs"]), str(len(mine)),
-                     fmt([r["steps_to_0.9"] for r in mine], 0, 1e3, "k"),
-                     fmt([r["time_to_0.9_s"] for r in mine], 1, unit=" s"),
-                     fmt([r["final_success"] for r in mine], 2), fmt([r["solved_length"] for r in mine], 1)])
-    print(md_table(["variant", "env kwargs", "seeds", "env steps to eval success ≥ 0.9",
-                    "loop time to eval success ≥ 0.9", f"eval success at {args.total_timesteps // 1000}k",
-                    "solved-episode length (control steps)"], rows))
+        rows.append(
+            [
+                variant,
+                json.dumps(mine[0]["env_kwargs"]),
+                str(len(mine)),
+                fmt([r["steps_to_0.9"] for r in mine], 0, 1e3, "k"),
+                fmt([r["time_to_0.9_s"] for r in mine], 1, unit=" s"),
+                fmt([r["final_success"] for r in mine], 2),
+                fmt([r["solved_length"] for r in mine], 1),
+            ]
+        )
+    print(
+        md_table(
+            [
+                "variant",
+                "env kwargs",
+                "seeds",
+                "env steps to eval success ≥ 0.9",
+                "loop time to eval success ≥ 0.9",
+                f"eval success at {args.total_timesteps // 1000}k",
+                "solved-episode length (control steps)",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":
