@@ -34,9 +34,9 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
@@ -274,11 +274,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = flat_dim(eval_envs.single_observation_space), eval_envs.single_action_space.shape[0]
-    for c, name in ((ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint")):
-        if c is not None and (c["obs_dim"], c["act_dim"]) != (obs_dim, act_dim):
-            fail(f"{flag(name)}: the checkpoint has obs/act dims {c['obs_dim']}/{c['act_dim']}, {args.env_id} has "
-                 f"{obs_dim}/{act_dim}")
+    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
     actor, ref_actor = make_agent(eval_envs, args).to(device), make_agent(eval_envs, args).to(device)
     if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
         actor.load_state_dict({k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()})

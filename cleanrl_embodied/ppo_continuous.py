@@ -28,7 +28,7 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, flat_dim, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.encoders import PixelEncoder
@@ -279,10 +279,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = flat_dim(eval_envs.single_observation_space), eval_envs.single_action_space.shape[0]
-    if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
-        fail(f"{path}: checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
-             f"{obs_dim}/{act_dim}")
+    obs_dim, act_dim = check_dims(eval_envs, (ckpt, "resume" if args.resume else "eval_checkpoint"))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])

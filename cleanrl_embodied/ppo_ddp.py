@@ -37,7 +37,7 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, flat_dim, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
@@ -340,10 +340,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
         else None
     envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device, like=eval_envs)
-    obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
-    if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
-        fail(f"checkpoint has obs/action dims {ckpt['obs_dim']}/{ckpt['act_dim']}, env {args.env_id} has "
-             f"{obs_dim}/{act_dim}", show=rank == 0)
+    obs_dim, act_dim = check_dims(envs, (ckpt, "resume" if args.resume else "eval_checkpoint"), show=rank == 0)
     agent = make_agent(envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])

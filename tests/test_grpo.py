@@ -284,7 +284,7 @@ def test_smoke_run_then_resume_continues(tmp_path):
     torch.save(ckpt, bad)
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, resume=str(bad)))
-    assert "--resume" in one_line_exit(excinfo) and "dims" in str(excinfo.value.code)
+    assert "--resume" in one_line_exit(excinfo) and "observation/action sizes 5/" in str(excinfo.value.code)
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, resume=str(tmp_path / "missing.pt")))
     assert "no such checkpoint file" in one_line_exit(excinfo)

@@ -69,6 +69,16 @@ def test_one_checkpoint_layout_and_the_same_resume_rules(tmp_path, name):
             SCRIPTS[name].main(args_for(name, tmp_path / "b", resume=str(last), **{flag: value}))
         message = str(e.value.code)
         assert message.startswith("error:") and f"--{flag.replace('_', '-')}" in message and "\n" not in message
+    # a checkpoint saved for an env with other observation sizes (other env kwargs): one line, same words everywhere
+    other = tmp_path / "other_obs.pt"
+    torch.save({**ckpt, "obs_dim": ckpt["obs_dim"] + 1}, other)
+    for flag in ("resume", "eval_checkpoint"):
+        with pytest.raises(SystemExit) as e:
+            SCRIPTS[name].main(args_for(name, tmp_path / "d", **{flag: str(other)}))
+        message = str(e.value.code)
+        assert message.startswith(f"error: --{flag.replace('_', '-')}: the checkpoint has observation/action sizes "
+                                  f"{ckpt['obs_dim'] + 1}/{ckpt['act_dim']}, the env here {ckpt['obs_dim']}/"), message
+        assert "\n" not in message
 
     # training longer: the LR follows the schedule of a run planned with the new total (announced)
     longer = SCRIPTS[name].main(args_for(name, tmp_path / "c", resume=str(last), total_timesteps=4 * 80))

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from cleanrl_embodied.shared.cli import fail, flag
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
-__all__ = ["load_checkpoint", "note_schedule_change", "rng_state", "set_rng_state"]
+__all__ = ["check_dims", "load_checkpoint", "note_schedule_change", "rng_state", "set_rng_state"]
 
 
 def _plain(value: Any) -> Any:
@@ -49,6 +50,17 @@ def load_checkpoint(path: str, flag_name: str, scripts: Iterable[str], args: Any
             fail(f"{flag(flag_name)} {path} was trained with {flag(key)} {theirs}, this run has {ours}; "
                  "pass the same value", show)
     return ckpt
+
+
+def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -> tuple[int, int]:
+    """The flat observation size and the action size of ``envs``; fails with one line if a checkpoint, given
+    as ``(ckpt, flag_name)`` (``ckpt`` None: nothing loaded), was saved for an env with other sizes."""
+    obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
+    for ckpt, flag_name in checkpoints:
+        if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
+            fail(f"{flag(flag_name)}: the checkpoint has observation/action sizes {ckpt['obs_dim']}/{ckpt['act_dim']}, "
+                 f"the env here {obs_dim}/{act_dim} (pass the env options it was trained with)", show)
+    return obs_dim, act_dim
 
 
 def rng_state() -> dict:
