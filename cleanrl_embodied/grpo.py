@@ -97,13 +97,10 @@ def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
                                "learning_rate", "adv_eps", "gamma"),
-               non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"), files=("ref_checkpoint",))
+               non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"), at_most_one=("gamma",),
+               files=("ref_checkpoint",))
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
-    if args.gamma > 1.0:
-        fail(f"--gamma must be in (0, 1], got {args.gamma}")
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:

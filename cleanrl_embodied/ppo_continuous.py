@@ -96,15 +96,8 @@ def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
                                "learning_rate", "clip_obs", "clip_reward", "gamma"),
-               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"))
-    batch_size = args.num_envs * args.num_steps
-    if args.num_minibatches > batch_size // 2 or batch_size % args.num_minibatches:
-        fail(f"--num-minibatches must divide the batch size num_envs*num_steps={batch_size} into minibatches "
-             f"of at least 2 samples (advantages are normalized per minibatch), got {args.num_minibatches}")
-    if args.gamma > 1.0 or args.gae_lambda > 1.0:
-        fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}")
+               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), at_most_one=("gamma", "gae_lambda"),
+               minibatches_of=args.num_envs * args.num_steps)
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
         fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither")
 

@@ -111,15 +111,8 @@ def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
     check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
                                "learning_rate", "clip_obs", "clip_reward", "gamma", "dist_timeout_s"),
-               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), show=show)
-    batch_size = args.num_envs * args.num_steps  # per rank
-    if args.num_minibatches > batch_size // 2 or batch_size % args.num_minibatches:
-        fail(f"--num-minibatches must divide the per-rank batch size num_envs*num_steps={batch_size} into minibatches "
-             f"of at least 2 samples (advantages are normalized per minibatch), got {args.num_minibatches}", show)
-    if args.gamma > 1.0 or args.gae_lambda > 1.0:
-        fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}", show)
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        fail(f"--hidden-sizes must be positive integers, got {args.hidden_sizes}", show)
+               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), at_most_one=("gamma", "gae_lambda"),
+               minibatches_of=args.num_envs * args.num_steps, show=show)  # each rank's rollout
     cuda = pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
         fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)

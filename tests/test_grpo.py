@@ -216,6 +216,17 @@ def test_bad_group_size_is_one_line_naming_the_flag(tmp_path, num_envs, group_si
     assert not any(tmp_path.iterdir())  # nothing was built
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
+    ({"hidden_sizes": (0,)}, "--hidden-sizes must be one or more positive integers, got (0,)"),
+])
+def test_bad_discount_and_sizes_get_the_ppo_scripts_line(tmp_path, overrides, message):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, **overrides))
+    assert one_line_exit(excinfo).startswith(f"error: {message}")
+    assert not any(tmp_path.iterdir())
+
+
 def test_env_without_identical_starts_exits_with_one_line(tmp_path):
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, env_id="GRPOToyNoSeed-v0"))

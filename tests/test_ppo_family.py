@@ -53,6 +53,23 @@ def test_gae_and_loss_are_the_same_in_every_copy():
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("overrides, message", [
+    ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
+    ({"gamma": 0.0}, "--gamma must be > 0, got 0.0"),
+    ({"gae_lambda": 1.01}, "--gae-lambda must be <= 1, got 1.01"),
+    ({"hidden_sizes": (64, 0)}, "--hidden-sizes must be one or more positive integers, got (64, 0)"),
+    ({"hidden_sizes": ()}, "--hidden-sizes must be one or more positive integers, got ()"),
+    ({"num_minibatches": 3}, "--num-minibatches must divide the 80 samples of a rollout"),  # 8 envs x 10 steps
+    ({"num_minibatches": 41}, "--num-minibatches must divide the 80 samples of a rollout"),  # minibatches of 1
+])
+def test_the_same_bad_input_gets_the_same_line(tmp_path, name, overrides, message):
+    with pytest.raises(SystemExit) as e:
+        SCRIPTS[name].main(args_for(name, tmp_path, **overrides))
+    assert str(e.value.code).startswith(f"error: {message}") and "\n" not in str(e.value.code), str(e.value.code)
+    assert not any(tmp_path.iterdir())  # refused before anything was built
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
 def test_one_checkpoint_layout_and_the_same_resume_rules(tmp_path, name):
     out = SCRIPTS[name].main(args_for(name, tmp_path / "a"))
     last = Path(out["run_dir"]) / "checkpoints" / "last.pt"

@@ -93,11 +93,14 @@ def flag(name: str) -> str:
 
 
 def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-               json_objects: Iterable[str] = (), files: Iterable[str] = (), env_id: bool = True,
-               show: bool = True) -> None:
+               at_most_one: Iterable[str] = (), sizes: Iterable[str] = ("hidden_sizes",),
+               minibatches_of: int | None = None, json_objects: Iterable[str] = (), files: Iterable[str] = (),
+               env_id: bool = True, show: bool = True) -> None:
     """The checks every trainer makes, each failing with one line naming the flag: fields that must be
-    > 0 (None skips), >= 0, JSON objects (env kwargs), paths of existing files (None skips), a known env id.
-    For a `RunArgs`, its own fields are checked too."""
+    > 0 (None skips), >= 0, <= 1 (discounts, lambdas), non-empty tuples of positive integers (layer sizes),
+    JSON objects (env kwargs), paths of existing files (None skips), a known env id. ``minibatches_of``: the
+    number of samples ``--num-minibatches`` must cut into equal minibatches of at least 2 (advantages are
+    normalized per minibatch). For a `RunArgs`, its own fields are checked too."""
     if isinstance(args, RunArgs):
         positive = ("num_eval_envs", "num_eval_episodes", "max_consecutive_skips", *positive)
         non_negative = ("eval_freq", "save_freq", *non_negative)
@@ -110,6 +113,17 @@ def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[s
     for name in non_negative:
         if getattr(args, name) < 0:
             fail(f"{flag(name)} must be >= 0, got {getattr(args, name)}", show)
+    for name in at_most_one:
+        if getattr(args, name) > 1.0:
+            fail(f"{flag(name)} must be <= 1, got {getattr(args, name)}", show)
+    for name in sizes:
+        value = getattr(args, name)
+        if not value or min(value) <= 0:
+            fail(f"{flag(name)} must be one or more positive integers, got {value}", show)
+    n = getattr(args, "num_minibatches", None)
+    if minibatches_of is not None and (n > minibatches_of // 2 or minibatches_of % n):
+        fail(f"--num-minibatches must divide the {minibatches_of} samples of a rollout (--num-envs x --num-steps) into "
+             f"equal minibatches of at least 2 (advantages are normalized per minibatch), got {n}", show)
     for name in json_objects:
         try:
             ok = isinstance(json.loads(getattr(args, name)), dict)
