@@ -285,13 +285,10 @@ class Collector:
     """
 
     def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, next_obs: torch.Tensor,
-                 next_index: int, generator: torch.Generator, pending: list[dict]):
+                 next_index: int, generator: torch.Generator):
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
         self.next_obs, self.next_index, self.generator = next_obs, next_index, generator
-        # pending: rollouts a resumed run had collected but not learned from (a resume may lower K)
-        self.rollouts: queue.Queue = queue.Queue(maxsize=max(args.max_staleness + 1, len(pending)))
-        for item in pending:
-            self.rollouts.put_nowait(item)
+        self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
         self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, state_dict)
         self.consumed = 0
@@ -350,11 +347,26 @@ class Collector:
             raise RuntimeError("the ppo_async collector thread did not stop within 60 s")
 
     def state(self) -> dict:
-        """What a resume needs from this side; call only while paused."""
+        """What a resume needs from this side, rollouts collected but not yet learned from included; call only
+        while paused."""
         return {"next_index": self.next_index, "next_obs": saveable(self.next_obs),
                 "generator": self.generator.get_state(), "env_state": env_state_dict(self.envs),
                 "snapshots": dict(self.snapshots), "pending": [{**item, "data": item["data"].to_dict(),
                 "next_obs": saveable(item["next_obs"])} for item in list(self.rollouts.queue)]}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from the rollout boundary `state()` was taken at (before the thread starts)."""
+        device, pending = self.next_obs.device, state["pending"]
+        if state["env_state"] is not None:  # else the envs start fresh episodes
+            load_env_state_dict(self.envs, state["env_state"])
+            self.next_obs = from_saved(state["next_obs"], device)
+        self.generator.set_state(state["generator"])
+        self.next_index, self.snapshots = state["next_index"], {int(c): vs for c, vs in state["snapshots"].items()}
+        self.rollouts = queue.Queue(maxsize=max(self.args.max_staleness + 1, len(pending)))  # a resume may lower K
+        for item in pending:
+            item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
+            self.rollouts.put_nowait({**item, "next_obs": from_saved(item["next_obs"], device), "data": TensorDict(
+                item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device)})
 
     # ---- collector thread ----
     def _run(self) -> None:
@@ -451,7 +463,7 @@ def main(args: Args) -> dict:
     consumed, version, global_step, dropped = 0, 0, 0, 0
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # the collector's random stream
     next_obs, _ = envs.reset(seed=args.seed)
-    cstate = None
+    collector = Collector(envs, inference_agent, args, num_iterations, next_obs, consumed, generator)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
@@ -459,22 +471,9 @@ def main(args: Args) -> dict:
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
         note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         set_rng_state(ckpt["rng"])
-        cstate = ckpt["collector"]  # the collector stopped at a rollout boundary: continue from exactly there
-        if cstate["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces
-            load_env_state_dict(envs, cstate["env_state"])
-            next_obs = from_saved(cstate["next_obs"], device)
+        collector.load_state(ckpt["collector"])  # it stopped at a rollout boundary: continue from exactly there
+        if ckpt["collector"]["env_state"] is not None:  # else fresh episodes, and fresh reward traces
             reward_trace.copy_(ckpt["reward_trace"])
-        generator.set_state(cstate["generator"])
-    pending = []  # rollouts a resumed run had collected but not learned from
-    for item in cstate["pending"] if cstate is not None else []:
-        item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
-        item["next_obs"] = from_saved(item["next_obs"], device)
-        pending.append({**item, "data": TensorDict(item["data"], batch_size=[args.num_steps, args.num_envs],
-                                                   device=device)})
-    collector = Collector(envs, inference_agent, args, num_iterations, next_obs,
-                          consumed if cstate is None else cstate["next_index"], generator, pending)
-    if cstate is not None:
-        collector.snapshots = {int(c): (v, s) for c, (v, s) in cstate["snapshots"].items()}
     collector.publish(consumed, version, agent)
     logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations="
                  f"{num_iterations} start={consumed + 1} max_staleness={args.max_staleness} run_dir={logger.run_dir}")
