@@ -529,6 +529,10 @@ def measure_gym(args: Args) -> dict:
         print(f"gym {env_id} num_envs={n}: raw {1e6 * r['env_raw']:.0f} us/step, contract "
               f"{100 * (r['env_contract'] / r['env_raw'] - 1):+.1f}%, rollout "
               f"{100 * (r['rollout_trainer'] / r['rollout_floor'] - 1):+.1f}%", flush=True)
+    import importlib.util
+
+    # the real training loop, with the sync Gymnasium vector env and (when installed) envpool's, one after the other
+    vectorizations = ["sync"] + (["envpool"] if importlib.util.find_spec("envpool") is not None else [])
     for env_id, n, steps in args.gym_settings:
         if not args.gym_breakdown or env_id != "HalfCheetah-v5":
             continue
@@ -536,11 +540,13 @@ def measure_gym(args: Args) -> dict:
         config = merge_flags(gym_config_flags(env_id), ["--num-envs", str(n), "--num-steps", str(steps)])
         quiet = ["--total-timesteps", str(args.iterations * n * steps), "--eval-freq", "0", "--save-freq", "0",
                  "--num-eval-envs", "1", "--num-eval-episodes", "1", "--eval-env-kwargs", '{"max_episode_steps":10}']
-        extra = " ".join(merge_flags(config, quiet, args.extra.split()))
-        result = breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra)
-        breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps, **result})
-        print(f"gym breakdown {env_id} num_envs={n}: " + ", ".join(
-            f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
+        for vectorization in vectorizations:
+            extra = " ".join(merge_flags(config, quiet, ["--env-vectorization", vectorization], args.extra.split()))
+            result = breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra)
+            breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps,
+                                   "vectorization": vectorization, **result})
+            print(f"gym breakdown {env_id} num_envs={n} {vectorization}: " + ", ".join(
+                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
     return {"rows": rows, "breakdown": breakdown_rows}
 
 
@@ -564,13 +570,20 @@ def gym_tables(gym: dict) -> list[str]:
              md_table(["env", "num_envs", "raw env", "make_env", "contract overhead", "envpool", "rollout floor",
                        "trainer rollout", "rollout overhead"], rows), ""]
     if gym.get("breakdown"):
-        rows = [[r["env_id"], str(r["num_envs"]), str(r["num_steps"]), f"{1e3 * r['total']:.1f}",
-                 *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
-                 "yes" if r["rest"] <= 0.1 * r["total"] else "no"] for r in gym["breakdown"]]
+        sync = {(r["env_id"], r["num_envs"]): r["total"] for r in gym["breakdown"]
+                if r.get("vectorization", "sync") == "sync"}
+        rows = [[r["env_id"], str(r["num_envs"]), str(r["num_steps"]), r.get("vectorization", "sync"),
+                 f"{1e3 * r['total']:.1f}", *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
+                 "yes" if r["rest"] <= 0.1 * r["total"] else "no",
+                 f"{sync[r['env_id'], r['num_envs']] / r['total']:.2f}x" if (r["env_id"], r["num_envs"]) in sync
+                 else "-"] for r in gym["breakdown"]]
         parts += ["**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
-                  "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt; mean over the iterations after --skip):", "",
-                  md_table(["env", "num_envs", "num_steps", "iteration (ms)", "env step", "policy (forward + sampling)",
-                            "update (advantages + epochs)", "rest (overhead)", "rest <= 10%"], rows), ""]
+                  "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt, `--env-vectorization` as shown; mean over "
+                  "the iterations after --skip; training SPS vs sync: the sync iteration's time over this one's, "
+                  "measured one after the other in one process):", "",
+                  md_table(["env", "num_envs", "num_steps", "vectorization", "iteration (ms)", "env step",
+                            "policy (forward + sampling)", "update (advantages + epochs)", "rest (overhead)",
+                            "rest <= 10%", "training SPS vs sync"], rows), ""]
     return parts
 
 

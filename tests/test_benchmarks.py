@@ -264,11 +264,15 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     for r in rows:
         assert all(r[k] > 0 for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer"))
         assert ("env_envpool" in r) == has_envpool
-    (bd,) = data["gym"]["breakdown"]  # HalfCheetah only
-    assert bd["env_id"] == "HalfCheetah-v5" and bd["iterations"] == 2 and bd["env"] > 0 and bd["update"] > 0
-    assert bd["env"] + bd["policy"] + bd["update"] + bd["rest"] == pytest.approx(bd["total"])
+    breakdowns = data["gym"]["breakdown"]  # HalfCheetah only: the sync vector env, then envpool's when installed
+    assert [bd["vectorization"] for bd in breakdowns] == ["sync"] + (["envpool"] if has_envpool else [])
+    for bd in breakdowns:
+        assert bd["env_id"] == "HalfCheetah-v5" and bd["iterations"] == 2 and bd["env"] > 0 and bd["update"] > 0
+        assert bd["env"] + bd["policy"] + bd["update"] + bd["rest"] == pytest.approx(bd["total"])
     text = md.read_text()
     assert "<!-- BEGIN speed-gym-cpu -->" in text and "contract overhead" in text and "rest <= 10%" in text
+    assert "| HalfCheetah-v5 | 2 | 8 | sync |" in text and "training SPS vs sync" in text
+    assert ("| HalfCheetah-v5 | 2 | 8 | envpool |" in text) == has_envpool
     assert "| Pendulum-v1 | 3 |" in text and "![speed]" not in text  # tables only, no plot
     assert vars(ppo) == before["module"]  # nothing of the trainer was replaced
     assert (cli.make_env, logging.RunLogger.log) == (before["make_env"], before["log"])
