@@ -295,3 +295,37 @@ def test_async_benchmark_end_to_end(tmp_path):
     table_row = next(line for line in (out / "async.md").read_text().splitlines() if line.startswith("| 2 |"))
     assert "x ±" in table_row
     assert "<!-- BEGIN async-cpu -->" in md.read_text()
+
+
+# ---- recheck: the code at hand against published runs --------------------------------------------------
+def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp_path, capsys):
+    """A run published by its command and curves is re-run exactly (same training returns, same evaluations);
+    a published point that the code does not reproduce is named, and the exit status says so."""
+    recheck = importlib.import_module("recheck")
+    command = ("OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda --env-id PushCubeRL "
+               "--num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 --num-minibatches 2 "
+               "--update-epochs 1 --eval-freq 2 --num-eval-envs 4 --num-eval-episodes 4 --seed 1 --output-dir OUT")
+    argv, env = recheck.command_of({"command": command}, str(tmp_path / "published"))
+    assert argv[0] == sys.executable and env["OMP_NUM_THREADS"] == "1" and str(tmp_path / "published") in argv
+    subprocess.run(argv, cwd=benchlib.REPO, env=env, check=True, capture_output=True, timeout=300)
+    run_dir = next((tmp_path / "published").rglob("summary.json")).parent
+    curves = run.read_curves(run_dir)
+    assert curves["charts/episodic_return"]["value"] and curves["eval/success_rate"]["value"]
+    changed = json.loads(json.dumps({"command": command, "script": "ppo_continuous", "seed": 1,
+                                     "summary": {"global_step": 1000}, "curves": curves}))
+    step = changed["curves"]["charts/episodic_return"]["step"][-1]
+    changed["curves"]["charts/episodic_return"]["value"][-1] += 1.0
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.json").write_text(json.dumps({"git": {"git_sha": "0" * 40}, "versions": {"torch": "x"},
+                                                   "runs": [{**changed, "task": "PushCubeRL"}]}))
+
+    status = recheck.main(recheck.Args(results=str(results), until_step=1000, poll_s=0.2))
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ppo_continuous |"))
+    assert status == 1  # a training point differs
+    n_train, n_eval = len(curves["charts/episodic_return"]["step"]), len(curves["eval/success_rate"]["step"])
+    assert f"eval/success_rate: {n_eval}/{n_eval} identical;" in row  # everything else reproduced exactly
+    assert f"eval/episodic_return: {n_eval}/{n_eval} identical;" in row
+    assert f"charts/episodic_return: {n_train - 1}/{n_train} identical (first difference at step {step})" in row
+    with pytest.raises(SystemExit, match="--tasks/--seeds"):
+        recheck.main(recheck.Args(results=str(results), tasks=("nope",)))
