@@ -302,9 +302,10 @@ def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp
     """A run published by its command and curves is re-run exactly (same training returns, same evaluations);
     a published point that the code does not reproduce is named, and the exit status says so."""
     recheck = importlib.import_module("recheck")
-    command = ("OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda --env-id PushCubeRL "
-               "--num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 --num-minibatches 2 "
-               "--update-epochs 1 --eval-freq 2 --num-eval-envs 4 --num-eval-episodes 4 --seed 1 --output-dir OUT")
+    command = ("OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda "
+               "--env-id PushCubeRL --num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 "
+               "--num-minibatches 2 --update-epochs 1 --eval-freq 2 --num-eval-envs 4 --num-eval-episodes 4 --seed 1 "
+               "--output-dir OUT")
     argv, env = recheck.command_of({"command": command}, str(tmp_path / "published"))
     assert argv[0] == sys.executable and env["OMP_NUM_THREADS"] == "1" and str(tmp_path / "published") in argv
     subprocess.run(argv, cwd=benchlib.REPO, env=env, check=True, capture_output=True, timeout=300)
