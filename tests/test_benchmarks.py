@@ -330,3 +330,36 @@ def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp
     assert f"charts/episodic_return: {n_train - 1}/{n_train} identical (first difference at step {step})" in row
     with pytest.raises(SystemExit, match="--tasks/--seeds"):
         recheck.main(recheck.Args(results=str(results), tasks=("nope",)))
+
+
+# ---- vs_cleanrl: ours against CleanRL's script, side by side -------------------------------------------
+def test_vs_cleanrl_steady_speed_is_steps_over_event_time_after_skip(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    vs = importlib.import_module("vs_cleanrl")
+    writer = SummaryWriter(str(tmp_path / "run"))
+    # iterations of 2048 steps; the first two slow (start-up), then 4 s each
+    for i, t in enumerate([100.0, 130.0, 140.0, 144.0, 148.0, 152.0]):
+        writer.add_scalar("charts/learning_rate", 1e-3, (i + 1) * 2048, walltime=t)
+    writer.close()
+    sps, iterations = vs.steady_sps(tmp_path, skip=2)
+    assert iterations == 3 and sps == pytest.approx(3 * 2048 / 12.0)
+    with pytest.raises(RuntimeError, match="--skip 5"):
+        vs.steady_sps(tmp_path, skip=5)
+
+
+def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_peer(tmp_path):
+    vs = importlib.import_module("vs_cleanrl")
+    args = vs.Args(cleanrl_python="/peer/bin/python", total_timesteps=4096)
+    theirs = vs.commands(args, tmp_path, "cleanrl", "/peer/cleanrl/ppo_continuous_action.py")
+    assert theirs[:2] == ["/peer/bin/python", "/peer/cleanrl/ppo_continuous_action.py"]
+    assert " ".join(theirs[2:]) == "--env-id HalfCheetah-v4 --total-timesteps 4096 --seed 1 --cuda False"
+    ours = vs.commands(args, tmp_path, "ours")
+    flags = " ".join(ours[2:])
+    for expected in ("--env-id HalfCheetah-v4", "--num-envs 1 ", "--num-steps 2048", "--num-minibatches 32",
+                     "--update-epochs 10", "--hidden-sizes 64 64", "--norm-obs", "--norm-reward", "--clip-vloss",
+                     "--total-timesteps 4096", "--eval-freq 0", f"--output-dir {tmp_path}"):
+        assert expected in flags, expected
+    assert flags.count("--env-id") == 1 and flags.count("--total-timesteps") == 1  # overrides replace the config's
+    with pytest.raises(SystemExit, match="--cleanrl-python must be the python of a venv with cleanrl"):
+        vs.main(vs.Args(cleanrl_python=str(tmp_path / "missing")))
