@@ -136,6 +136,25 @@ def test_envpool_actions_rescaled_and_clipped_and_seeding():
     b.close()
 
 
+def test_envpool_info_entries_follow_info_keys_like_gymnasium_ids():
+    """The contract's entries always; EnvPool's MuJoCo entries (x_position, ...) only when info_keys names them."""
+    kinds = {"default": (), "named": ["x_position"], "all": "all"}
+    infos = {}
+    for kind, info_keys in kinds.items():
+        env = make_env("HalfCheetah-v5", NUM_ENVS, "cpu", seed=SEED, vectorization="envpool", info_keys=info_keys)
+        env.reset()
+        infos[kind] = env.step(torch.zeros(NUM_ENVS, 6))[4]
+        env.close()
+    contract = {"final_obs", "_final_obs", "episode", "_episode"}
+    assert set(infos["default"]) == contract
+    assert set(infos["named"]) == contract | {"x_position"}
+    assert set(infos["all"]) == contract | {"x_position", "x_velocity", "reward_run", "reward_ctrl"}
+    assert infos["all"]["x_position"].dtype == torch.float32 and infos["all"]["x_position"].shape == (NUM_ENVS,)
+    assert torch.equal(infos["named"]["x_position"], infos["all"]["x_position"])
+    with pytest.raises(ValueError, match="info_keys must be a list of info entry names or 'all'"):
+        make_env("HalfCheetah-v5", NUM_ENVS, "cpu", seed=SEED, vectorization="envpool", info_keys="x_position")
+
+
 def test_unknown_envpool_id_is_one_line():
     with pytest.raises(ValueError, match="--env-vectorization envpool") as err:
         make_env("Hopper-v2", 2, vectorization="envpool")

@@ -142,7 +142,7 @@ def make_env(
     builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
     ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
     ``info_keys``: info entries of Gymnasium sub-envs to pass on besides ``rewards`` and ``metrics`` (a list of
-    names, or ``"all"``; see GymnasiumToTorch; the other backends pass all their info entries).
+    names, or ``"all"``; see GymnasiumToTorch; EnvPool ids alike; PushCubeRL and ManiSkill pass all theirs).
     ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``).
     ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
     (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
@@ -158,11 +158,11 @@ def make_env(
         raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
 
     randomize_interval = env_kwargs.pop("randomize_interval", None)
-    info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium ids; the other backends pass all their info entries
+    info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium and EnvPool ids; the other backends pass all entries
     if vectorization == "envpool" and env_id not in BUILTIN_ENV_IDS and not is_maniskill_id(env_id):
         from cleanrl_embodied.shared.envs.envpool_backend import make_envpool_env  # lazy: optional extra
 
-        env = make_envpool_env(env_id, num_envs, device, seed, **env_kwargs)
+        env = make_envpool_env(env_id, num_envs, device, seed, info_keys=info_keys, **env_kwargs)
     elif env_id == "PushCubeRL":
         env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten_obs):

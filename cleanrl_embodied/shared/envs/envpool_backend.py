@@ -37,7 +37,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers.utils import rescale_box
 
-from cleanrl_embodied.shared.envs.wrappers import _float32_space
+from cleanrl_embodied.shared.envs.wrappers import _float32_space, info_key_filter
 
 __all__ = ["EnvPoolToTorch", "envpool_ids", "make_envpool_env"]
 
@@ -75,23 +75,27 @@ _MUJOCO_NAMES = ("Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup", 
 
 
 def make_envpool_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                     **env_kwargs) -> EnvPoolToTorch:
+                     info_keys=(), **env_kwargs) -> EnvPoolToTorch:
     """``num_envs`` copies of an EnvPool id behind the torch env contract. ``env_kwargs`` go to ``envpool.make``
     (its config keys, e.g. ``max_episode_steps``, ``reset_noise_scale``); Gymnasium's ``render_mode``,
-    ``width`` and ``height`` are not EnvPool options and are dropped."""
+    ``width`` and ``height`` are not EnvPool options and are dropped. ``info_keys``: as for Gymnasium ids."""
     _check_envpool_id(env_id)
     for key in ("render_mode", "width", "height"):
         env_kwargs.pop(key, None)
-    return EnvPoolToTorch(env_id, num_envs, device=device, seed=seed, **env_kwargs)
+    return EnvPoolToTorch(env_id, num_envs, device=device, seed=seed, info_keys=info_keys, **env_kwargs)
 
 
 class EnvPoolToTorch(VectorEnv):
     """An EnvPool batch (synchronous: every ``step`` steps all envs) seen through the torch env contract; see the
     module docstring for how EnvPool's autoreset and time limit become SAME_STEP and Gymnasium's TimeLimit.
-    ``self.pool`` is the EnvPool object. ``render()`` returns None (no video) with one warning."""
+    ``self.pool`` is the EnvPool object. ``render()`` returns None (no video) with one warning. Of EnvPool's own
+    info entries, ``success``/``is_success`` and those named by ``info_keys`` (``"all"``: every numeric one) are
+    passed on, as for Gymnasium ids."""
 
     def __init__(self, env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                 **env_kwargs):
+                 info_keys=(), **env_kwargs):
+        self._all_info, self._info_keys = info_key_filter(info_keys)
+        self._info_keys |= {"success", "is_success"}
         envpool = _import_envpool()
         self.env_id, self.num_envs, self.device = env_id, num_envs, torch.device(device)
         self._on_cpu = self.device.type == "cpu"
@@ -168,7 +172,7 @@ class EnvPoolToTorch(VectorEnv):
     def _info_to_torch(self, info: dict) -> dict:
         out = {}
         for key, value in info.items():
-            if key in _BOOKKEEPING_INFO:
+            if key in _BOOKKEEPING_INFO or not (self._all_info or key in self._info_keys):
                 continue
             if isinstance(value, dict):
                 out[key] = self._info_to_torch(value)

@@ -245,6 +245,15 @@ INFO_KEYS = ("rewards", "metrics")
 ``info["rewards"]`` and ``info["metrics"]`` (dicts of numbers)."""
 
 
+def info_key_filter(info_keys: Sequence[str] | str) -> tuple[bool, frozenset[str]]:
+    """``(pass every entry, the entries passed on)`` for a ``make_env`` ``info_keys`` argument: a list of names
+    (besides :data:`INFO_KEYS`) or ``"all"``; anything else is a one-line ValueError."""
+    names = isinstance(info_keys, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in info_keys)
+    if info_keys != "all" and not names:
+        raise ValueError(f"info_keys must be a list of info entry names or 'all', got {info_keys!r}")
+    return info_keys == "all", frozenset(INFO_KEYS) | (frozenset() if info_keys == "all" else frozenset(info_keys))
+
+
 class GymnasiumToTorch(RenderFirstEnv):
     """A numpy Gymnasium vector env (SAME_STEP autoreset) seen through the torch env contract.
 
@@ -305,9 +314,7 @@ class GymnasiumToTorch(RenderFirstEnv):
                 "GymnasiumToTorch needs a vector env created with autoreset_mode=AutoresetMode.SAME_STEP, "
                 f"got {env.metadata.get('autoreset_mode')}"
             )
-        names = isinstance(info_keys, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in info_keys)
-        if info_keys != "all" and not names:
-            raise ValueError(f"info_keys must be a list of info entry names or 'all', got {info_keys!r}")
+        self._all_info, self._info_keys = info_key_filter(info_keys)
         self.device = torch.device(device)
         self._on_cpu = self.device.type == "cpu"
         self.single_observation_space = _float32_space(env.single_observation_space)
@@ -316,8 +323,6 @@ class GymnasiumToTorch(RenderFirstEnv):
         self._first_reset = True
         self._rng = np.random.default_rng(seed)
         self._success_key: str | None = None  # "success" or "is_success", once a sub-env reported it
-        self._all_info = info_keys == "all"
-        self._info_keys = frozenset(INFO_KEYS) | (frozenset() if self._all_info else frozenset(info_keys))
         # SyncVectorEnv: its sub-envs are stepped here (see the class docstring); Box observations of float32 or
         # float64 go straight into a float32 array (one rounding, as through a float64 batch and then float32)
         self._sub_envs = env.envs if type(env) is SyncVectorEnv else None
