@@ -230,3 +230,18 @@ def test_direct_loop_only_for_a_bare_sync_vector_env():
     env = make_env("Pendulum-v1", num_envs=2, seed=0, vectorization="async")
     assert env._sub_envs is None
     env.close()
+
+
+def test_info_conversion_keeps_a_passed_on_dict_whole_and_drops_what_is_not_numeric():
+    """The top-level filter picks entries; a dict that passes (rewards, metrics) keeps every term inside it,
+    whatever the terms are called. Both backends (Gymnasium ids, EnvPool) convert through this function."""
+    from cleanrl_embodied.shared.envs.wrappers import numeric_info_to_torch
+
+    info = {"rewards": {"reach": np.array([1.0, 2.0]), "push": np.array([0.5, 0.0], dtype=np.float32)},
+            "x_position": np.array([3.0, 4.0]), "names": np.array(["a", "b"], dtype=object),
+            "count": np.array([1, 2], dtype=np.int32)}
+    out = numeric_info_to_torch(info, torch.from_numpy, passes=lambda key: key in ("rewards", "names", "count"))
+    assert set(out) == {"rewards", "count"} and set(out["rewards"]) == {"reach", "push"}
+    assert out["rewards"]["reach"].dtype == torch.float32 and out["rewards"]["reach"].tolist() == [1.0, 2.0]
+    assert out["count"].dtype == torch.int32
+    assert set(numeric_info_to_torch(info, torch.from_numpy)) == {"rewards", "x_position", "count"}

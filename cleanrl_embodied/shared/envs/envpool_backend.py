@@ -37,7 +37,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers.utils import rescale_box
 
-from cleanrl_embodied.shared.envs.wrappers import _float32_space, info_key_filter
+from cleanrl_embodied.shared.envs.wrappers import _float32_space, info_key_filter, numeric_info_to_torch
 
 __all__ = ["EnvPoolToTorch", "envpool_ids", "make_envpool_env"]
 
@@ -169,16 +169,9 @@ class EnvPoolToTorch(VectorEnv):
         low, high = self._bounds
         return np.minimum(np.maximum(actions, low, out=actions), high, out=actions)
 
-    def _info_to_torch(self, info: dict) -> dict:
-        out = {}
-        for key, value in info.items():
-            if key in _BOOKKEEPING_INFO or not (self._all_info or key in self._info_keys):
-                continue
-            if isinstance(value, dict):
-                out[key] = self._info_to_torch(value)
-            elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-                out[key] = self._tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
-        return out
+    def _passes(self, key: str) -> bool:
+        """Whether a top-level info entry of EnvPool's is passed on (nested dicts are passed on whole)."""
+        return key not in _BOOKKEEPING_INFO and (self._all_info or key in self._info_keys)
 
     # ---- VectorEnv API -----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -222,7 +215,7 @@ class EnvPoolToTorch(VectorEnv):
             ids = np.flatnonzero(done).astype(np.int32)
             reset_obs, reset_info = self.pool.reset(ids)
             obs[reset_info["env_id"]] = reset_obs
-        out = self._info_to_torch(info)
+        out = numeric_info_to_torch(info, self._tensor, self._passes)
         done_t = self._tensor(done)
         out["final_obs"], out["_final_obs"] = self._tensor(final_obs), done_t
         success = None

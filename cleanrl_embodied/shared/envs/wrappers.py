@@ -254,6 +254,21 @@ def info_key_filter(info_keys: Sequence[str] | str) -> tuple[bool, frozenset[str
     return info_keys == "all", frozenset(INFO_KEYS) | (frozenset() if info_keys == "all" else frozenset(info_keys))
 
 
+def numeric_info_to_torch(info: dict, tensor, passes=None) -> dict:
+    """An info dict of numpy arrays -> tensors made by ``tensor`` (float64 arrays become float32 first); nested
+    dicts are converted whole, other values (object arrays, strings) dropped. ``passes(key)``: which top-level
+    entries to keep (None: all)."""
+    out = {}
+    for key, value in info.items():
+        if passes is not None and not passes(key):
+            continue
+        if isinstance(value, dict):
+            out[key] = numeric_info_to_torch(value, tensor)
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            out[key] = tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
+    return out
+
+
 class GymnasiumToTorch(RenderFirstEnv):
     """A numpy Gymnasium vector env (SAME_STEP autoreset) seen through the torch env contract.
 
@@ -376,18 +391,9 @@ class GymnasiumToTorch(RenderFirstEnv):
         return self._all_info or key in keys or (key[:1] == "_" and key[1:] in keys)
 
     def _info_to_torch(self, info: dict, select: bool = True) -> dict:
-        """Numeric/bool numpy arrays -> tensors (float64 -> float32), nested dicts kept; the rest dropped, and with
-        ``select`` the top-level entries that are not passed on (:meth:`_passes`).
+        """:func:`numeric_info_to_torch`, with ``select`` keeping only the entries passed on (:meth:`_passes`).
         The vector env builds fresh info arrays at every step, so they are wrapped without a copy."""
-        out = {}
-        for key, value in info.items():
-            if select and not self._passes(key):
-                continue
-            if isinstance(value, dict):
-                out[key] = self._info_to_torch(value, select=False)
-            elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-                out[key] = self._tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
-        return out
+        return numeric_info_to_torch(info, self._tensor, self._passes if select else None)
 
     def _actions_to_numpy(self, actions) -> np.ndarray:
         if isinstance(actions, torch.Tensor):
