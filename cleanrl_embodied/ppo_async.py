@@ -284,10 +284,10 @@ class Collector:
     queue the wait keeps to K + 1 entries; the rest (envs, next_obs, generator) is read only while paused.
     """
 
-    def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, next_obs: torch.Tensor,
-                 next_index: int, generator: torch.Generator):
+    def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, device: torch.device):
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
-        self.next_obs, self.next_index, self.generator = next_obs, next_index, generator
+        self.next_obs, self.next_index = envs.reset(seed=args.seed)[0], 0  # load_state() continues a run instead
+        self.generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # this side's random stream
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
         self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, state_dict)
@@ -461,9 +461,7 @@ def main(args: Args) -> dict:
     # Learner counters, changed here only, after the update they count: rollouts consumed (= iterations),
     # policy version (= updates made), env steps, rollouts dropped for staleness.
     consumed, version, global_step, dropped = 0, 0, 0, 0
-    generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # the collector's random stream
-    next_obs, _ = envs.reset(seed=args.seed)
-    collector = Collector(envs, inference_agent, args, num_iterations, next_obs, consumed, generator)
+    collector = Collector(envs, inference_agent, args, num_iterations, device)  # resets the envs
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
