@@ -35,11 +35,17 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import (
+    load_checkpoint,
+    load_start,
+    note_schedule_change,
+    rng_state,
+    set_rng_state,
+)
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
 
@@ -259,9 +265,8 @@ def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Mo
 def main(args: Args) -> dict:
     validate(args)
     same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")
-    path, ckpt_flag = args.resume or args.eval_checkpoint, "resume" if args.resume else "eval_checkpoint"
-    ckpt = load_checkpoint(path, ckpt_flag, ["grpo"], args, same + (
-        ("num_envs", "group_size", "learning_rate", "anneal_lr") if args.resume else ())) if path else None
+    ckpt, ckpt_flag = load_start(args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate",
+                                                                    "anneal_lr"))
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
     ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) \
         if args.ref_checkpoint else None
@@ -300,7 +305,7 @@ def main(args: Args) -> dict:
         fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
     num_iterations = max(1, args.total_timesteps // batch_size)
     if start_iteration > num_iterations:
-        fail(f"--total-timesteps {args.total_timesteps}: {path} already completed {num_iterations} iterations")
+        fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
     optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
     logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
@@ -322,7 +327,8 @@ def main(args: Args) -> dict:
         reward=((), torch.float32), done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    iteration, eval_result, skipped, consecutive_skips = start_iteration - 1, None, 0, 0
+    iteration, eval_result = start_iteration - 1, None
+    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
     with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
@@ -375,13 +381,8 @@ def main(args: Args) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
-                    if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # skip, count, maybe stop
-                        skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                        if consecutive_skips >= args.max_consecutive_skips:
-                            fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
-                                 f"(last at global step {global_step}); lower --learning-rate or check the env")
+                    if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
                         continue
-                    consecutive_skips = 0
                     optimizer.step()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
@@ -393,7 +394,7 @@ def main(args: Args) -> dict:
             means = torch.stack(update_stats).mean(0).items() if update_stats else ()
             scalars = {("grpo/" if k == "kl_ref" else "losses/") + k: v for k, v in means}
             scalars.update({"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                            "charts/skipped_updates": skipped, "grpo/mask_frac": mask.float().mean(),
+                            "charts/skipped_updates": guard.skipped, "grpo/mask_frac": mask.float().mean(),
                             "grpo/finished_frac": (~alive).float().mean(), **rollout_stats.scalars(),
                             **{f"grpo/{k}": v for k, v in adv_stats.items()}})
             if rollout_stats.has_success:  # every env counts: its first episode succeeded within the horizon or not

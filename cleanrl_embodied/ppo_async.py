@@ -48,12 +48,12 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
+from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 
@@ -428,12 +428,10 @@ class Collector:
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")
-    if args.resume:  # the env layout, the reward trace's meaning and the LR schedule's base must stay
-        same += ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr")
-    path = args.resume or args.eval_checkpoint
-    ckpt = load_checkpoint(path, "resume" if args.resume else "eval_checkpoint", ["ppo_async"], args, same) \
-        if path else None
+    ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
+        args, ["ppo_async"],  # layout, the reward trace's meaning and the LR schedule's base
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"))
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
@@ -441,7 +439,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, "resume" if args.resume else "eval_checkpoint"))
+    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])
@@ -485,7 +483,8 @@ def main(args: Args) -> dict:
                  "collector": collector.state()}
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
-    eval_result, checkpoint, skipped, consecutive_skips, stats, timeline = None, None, 0, 0, None, []
+    eval_result, checkpoint, stats, timeline = None, None, None, []
+    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
     start_time, start_step = time.time(), global_step
     collector.thread.start()
@@ -530,13 +529,8 @@ def main(args: Args) -> dict:
                             optimizer.zero_grad(set_to_none=True)
                             loss.backward()
                             grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                            if not bool(torch.isfinite(grad_norm) & torch.isfinite(loss)):  # skip, count, maybe stop
-                                skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                                if consecutive_skips >= args.max_consecutive_skips:
-                                    fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or "
-                                         f"gradient (last at global step {global_step}); lower --learning-rate")
+                            if not guard.ok(loss, grad_norm, global_step + batch_size):  # the step it logs at
                                 continue
-                            consecutive_skips = 0
                             optimizer.step()
                             epoch_kl.append(mb_stats["approx_kl"])
                             update_stats.append(mb_stats)
@@ -557,7 +551,7 @@ def main(args: Args) -> dict:
                 # ---- logging: one host sync per iteration ----
                 sps = (global_step - start_step) / (time.time() - start_time)
                 scalars = {"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                           "charts/skipped_updates": skipped, "charts/policy_staleness": staleness,
+                           "charts/skipped_updates": guard.skipped, "charts/policy_staleness": staleness,
                            "charts/dropped_rollouts": dropped, "charts/learner_wait_s": wait_s,
                            **item["stats"].scalars()}
                 if stats is not None:

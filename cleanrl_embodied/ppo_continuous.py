@@ -29,12 +29,12 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 
@@ -259,12 +259,10 @@ def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tenso
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")
-    if args.resume:  # the env layout, the reward trace's meaning and the LR schedule's base must stay
-        same += ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr")
-    path = args.resume or args.eval_checkpoint
-    ckpt = load_checkpoint(path, "resume" if args.resume else "eval_checkpoint", ["ppo_continuous", "ppo_ddp"],
-                           args, same) if path else None
+    ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
+        args, ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"))
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
@@ -272,7 +270,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, "resume" if args.resume else "eval_checkpoint"))
+    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])
@@ -331,7 +329,8 @@ def main(args: Args) -> dict:
         terminated=((), torch.bool), done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    iteration, eval_result, checkpoint, skipped, consecutive_skips = start_iteration - 1, None, None, 0, 0
+    iteration, eval_result, checkpoint = start_iteration - 1, None, None
+    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
     with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
@@ -382,13 +381,8 @@ def main(args: Args) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    if not bool(torch.isfinite(grad_norm) & torch.isfinite(loss)):  # skip, count, maybe stop
-                        skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                        if consecutive_skips >= args.max_consecutive_skips:
-                            fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
-                                 f"(last at global step {global_step}); lower --learning-rate or check the env")
+                    if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
                         continue
-                    consecutive_skips = 0
                     optimizer.step()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
@@ -402,8 +396,8 @@ def main(args: Args) -> dict:
             sps = (global_step - start_step) / (time.time() - start_time)
             scalars = {f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()} if update_stats else {}
             scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps,
-                            "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/skipped_updates": skipped,
-                            **rollout_stats.scalars()})
+                            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                            "charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
             logger.log(scalars, global_step)
             logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
                             succ=logger.latest.get("charts/success_rate"))

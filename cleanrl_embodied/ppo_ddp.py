@@ -38,13 +38,13 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_checkpoint, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 
@@ -308,17 +308,17 @@ def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Te
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
-    same = ("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")
-    if args.resume:  # the reward trace's meaning and the LR schedule's base must stay
-        same += ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr")
-    path = args.resume or args.eval_checkpoint
-    ckpt = load_checkpoint(path, "resume" if args.resume else "eval_checkpoint", ["ppo_continuous", "ppo_ddp"],
-                           args, same) if path and rank == 0 else None
+    ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
+        args, ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
+        read=rank == 0)  # the others get the content from rank 0
     with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
-        return train(args, ckpt, dist.get_rank(), dist.get_world_size(), device, backend)
+        return train(args, ckpt, ckpt_flag, dist.get_rank(), dist.get_world_size(), device, backend)
 
 
-def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: torch.device, backend: str) -> dict:
+def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: int, device: torch.device,
+          backend: str) -> dict:
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
     num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
@@ -333,7 +333,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
         else None
     envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device, like=eval_envs)
-    obs_dim, act_dim = check_dims(envs, (ckpt, "resume" if args.resume else "eval_checkpoint"), show=rank == 0)
+    obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
     if ckpt is not None:
         agent.load_state_dict(ckpt["model"])
@@ -412,7 +412,8 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
         terminated=((), torch.bool), done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    iteration, eval_result, checkpoint, skipped, consecutive_skips = start_iteration - 1, None, None, 0, 0
+    iteration, eval_result, checkpoint = start_iteration - 1, None, None
+    guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, False
     start_time, start_step = time.time(), global_step
     # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration. Repeats are absorbed:
@@ -473,14 +474,8 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                     loss.backward()
                     mean_loss = sync_gradients(params, world_size, loss)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if not bool(torch.isfinite(grad_norm) & torch.isfinite(mean_loss)):  # same verdict everywhere
-                        skipped, consecutive_skips = skipped + 1, consecutive_skips + 1
-                        if consecutive_skips >= args.max_consecutive_skips:
-                            fail(f"{consecutive_skips} optimizer steps in a row had a non-finite loss or gradient "
-                                 f"(last at global step {global_step}); lower --learning-rate or check the env",
-                                 show=rank == 0)
+                    if not guard.ok(mean_loss, grad_norm, global_step):  # many in a row stop the run
                         continue
-                    consecutive_skips = 0
                     optimizer.step()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
@@ -510,7 +505,7 @@ def train(args: Args, ckpt: dict | None, rank: int, world_size: int, device: tor
                 scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
                 scalars.update({"losses/explained_variance": summed[-2] / world_size, "charts/SPS": sps,
                                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                "charts/skipped_updates": skipped, **rollout_stats.scalars()})
+                                "charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
                 logger.log(scalars, global_step)
                 logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
                                 succ=logger.latest.get("charts/success_rate"))

@@ -407,3 +407,11 @@ def test_bad_env_kwargs_is_one_line_naming_the_flag(tmp_path, flag, value):
     with pytest.raises(SystemExit) as e:
         grpo.main(tiny_args(tmp_path, **{flag: value}))
     assert f"--{flag.replace('_', '-')}" in one_line_exit(e)
+
+
+def test_a_diverged_run_stops_with_the_ppo_scripts_line(tmp_path):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, max_consecutive_skips=3, policy="grpo_test_helpers:nan_actor",
+                       policy_kwargs='{"at_calls": [1, 2, 3]}'))
+    assert one_line_exit(excinfo) == ("error: 3 optimizer steps in a row had a non-finite loss or gradient (last "
+                                      "at global step 400); lower --learning-rate or check the env")

@@ -102,3 +102,14 @@ def test_one_checkpoint_layout_and_the_same_resume_rules(tmp_path, name):
     assert longer["global_step"] == 320
     summary = json.loads((Path(longer["run_dir"]) / "summary.json").read_text())
     assert summary["train"]["charts/learning_rate"] == pytest.approx(1e-3 * (1 - 3 / 4))  # iteration 4 of 4
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_a_diverged_run_stops_with_the_same_line(tmp_path, name):
+    # every training forward gives a NaN loss: the first 3 optimizer steps are skipped, then the run stops; the
+    # step named is the one the first iteration logs at (its 8 envs x 10 steps)
+    with pytest.raises(SystemExit) as e:
+        SCRIPTS[name].main(args_for(name, tmp_path, max_consecutive_skips=3, policy="toy_policies:nan_loss_every",
+                                    policy_kwargs='{"every": 1}'))
+    assert str(e.value.code) == ("error: 3 optimizer steps in a row had a non-finite loss or gradient (last at "
+                                 "global step 80); lower --learning-rate or check the env")

@@ -52,6 +52,18 @@ def load_checkpoint(path: str, flag_name: str, scripts: Iterable[str], args: Any
     return ckpt
 
 
+def load_start(args: Any, scripts: Iterable[str], same: tuple[str, ...], resume_same: tuple[str, ...] = (),
+               read: bool = True) -> tuple[dict | None, str]:
+    """The checkpoint ``--resume`` or ``--eval-checkpoint`` names (None if neither is given) and that flag's
+    name, for later messages. ``same``: the Args fields both uses must share with the checkpoint (the network
+    and what it sees); ``resume_same``: the further fields a resumed run must keep (see ``load_checkpoint``).
+    ``read=False`` (DDP ranks other than 0, which get the content by broadcast): only the flag's name."""
+    flag_name, path = ("resume", args.resume) if args.resume else ("eval_checkpoint", args.eval_checkpoint)
+    if not path or not read:
+        return None, flag_name
+    return load_checkpoint(path, flag_name, scripts, args, same + (resume_same if args.resume else ())), flag_name
+
+
 def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -> tuple[int, int]:
     """The flat observation size and the action size of ``envs``; fails with one line if a checkpoint, given
     as ``(ckpt, flag_name)`` (``ckpt`` None: nothing loaded), was saved for an env with other sizes."""

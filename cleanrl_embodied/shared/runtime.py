@@ -59,6 +59,26 @@ class StopFlag:
             signal.signal(s, handler)
 
 
+class SkipGuard:
+    """Keeps non-finite optimizer steps out of the weights: ``ok`` says whether a step may be taken (one host sync),
+    counts the ones it refuses (``skipped``) and stops the run with one line once ``max_consecutive`` come in a
+    row (a run that keeps producing them has diverged). ``show``: whether this process prints that line."""
+
+    def __init__(self, max_consecutive: int, show: bool = True):
+        self.max_consecutive, self.show = max_consecutive, show
+        self.skipped = self.consecutive = 0
+
+    def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, global_step: int) -> bool:
+        if bool(torch.isfinite(grad_norm) & torch.isfinite(loss)):
+            self.consecutive = 0
+            return True
+        self.skipped, self.consecutive = self.skipped + 1, self.consecutive + 1
+        if self.consecutive >= self.max_consecutive:
+            fail(f"{self.consecutive} optimizer steps in a row had a non-finite loss or gradient (last at global "
+                 f"step {global_step}); lower --learning-rate or check the env", self.show)
+        return False
+
+
 class NonFiniteWatch:
     """Remembers, on the device and without host syncs, the first rollout step at which each env produced a
     non-finite observation (a next obs or, where an episode ended, its final obs) or reward. Only float entries
