@@ -398,8 +398,6 @@ def measure_breakdown(args: Args) -> list[dict]:
 
 
 # ---- 4. Gymnasium ids: what the contract, the rollout and the iteration add to the simulator --------------------
-GYM_SETTINGS = (("HalfCheetah-v5", 1, 2048), ("HalfCheetah-v5", 8, 256), ("Pendulum-v1", 16, 256))
-"""(env id, num_envs, steps per env) of the gym part: CleanRL's HalfCheetah setting, 8 envs, a tiny physics"""
 
 
 def gym_config_flags(env_id: str) -> list[str]:
@@ -423,25 +421,33 @@ def _raw_vector_env(env_id: str, num_envs: int):
                         vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs)
 
 
-def _interleaved(runs: dict, repeats: int) -> dict[str, float]:
-    """Median seconds per call of each timed function, run in turns (A, B, C, A, B, C, ...) after one warm-up
-    round, so that the load of other processes falls on all of them alike."""
+def _interleaved(runs: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call of each timed function, run in turns (A, B, C, A, B, C, ...) for `rounds` rounds
+    after one warm-up round, so that the load of other processes falls on all of them alike."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for rep in range(repeats + 1):
+    for rep in range(rounds + 1):
         for name, fn in runs.items():
             start = time.perf_counter()
             fn()
             if rep:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
 
 
-def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) -> dict:
+def _paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of a's time over b's in the same round: a slow spell of the machine that falls on
+    one round cancels out, where a ratio of medians taken over the whole pass would keep it."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int, chunk: int = 256) -> dict:
     """Seconds per env step (all envs) of, side by side in this process: the raw Gymnasium vector env with
-    numpy actions; make_env with the same actions as tensors (and make_env(vectorization="envpool") when
-    installed); a rollout as ppo_continuous does it (its public `Agent`/`policy_step`, storage writes, the
-    env step, V(final_obs), its rollout bookkeeping) and the same rollout's floor: `make_env` plus one
-    batched `policy_step` per step."""
+    numpy actions; make_env with the same actions as tensors; a rollout as ppo_continuous does it (its public
+    `Agent`/`policy_step`, storage writes, the env step, V(final_obs), its rollout bookkeeping) and the same
+    rollout's floor: `make_env` plus one batched `policy_step` per step. When EnvPool is installed,
+    make_env(vectorization="envpool") is then timed in a second pass, against the raw env again, with the other
+    envs closed: its threads stay out of the first pass. Each call runs `chunk` steps (the rollout: one rollout
+    of that length), in `repeats * steps / chunk` rounds; the overheads are medians of per-round ratios."""
     import importlib.util
 
     import numpy as np
@@ -453,8 +459,7 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     from cleanrl_embodied.shared.tensordict_helpers import rollout_storage
 
     raw, ours = _raw_vector_env(env_id, num_envs), make_env(env_id, num_envs, "cpu", seed=0)
-    pool = make_env(env_id, num_envs, "cpu", seed=0, vectorization="envpool") if (
-        importlib.util.find_spec("envpool") is not None) else None
+    rounds, steps = max(1, repeats * steps // min(chunk, steps)), min(chunk, steps)
     space = raw.single_action_space
     unit = np.random.default_rng(0).uniform(-1, 1, (steps, num_envs, space.shape[0])).astype(np.float32)
     scaled = (space.low + (space.high - space.low) * (unit + 1) / 2).astype(space.dtype)  # what make_env sends
@@ -467,8 +472,6 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
     floor_env = make_env(env_id, num_envs, "cpu", seed=0)
     raw.reset(seed=0)
     state = {"obs": ours.reset()[0], "floor_obs": floor_env.reset()[0]}
-    if pool is not None:
-        pool.reset()
 
     def env_raw():
         for t in range(steps):
@@ -510,12 +513,21 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int) ->
 
     runs = {"env_raw": env_raw, "env_contract": env_contract, "rollout_floor": rollout_floor,
             "rollout_trainer": rollout_trainer}
-    if pool is not None:
-        runs["env_envpool"] = lambda: env_contract(pool)
-    result = {k: v / steps for k, v in _interleaved(runs, repeats).items()}
-    for env in (raw, ours, floor_env, pool):
-        if env is not None:
-            env.close()
+    times = _interleaved(runs, rounds)
+    result = {k: statistics.median(v) / steps for k, v in times.items()}
+    result["contract_ratio"] = _paired_ratio(times, "env_contract", "env_raw")
+    result["rollout_ratio"] = _paired_ratio(times, "rollout_trainer", "rollout_floor")
+    for env in (ours, floor_env):
+        env.close()
+    if importlib.util.find_spec("envpool") is not None:
+        # a pass of its own, so that EnvPool's threads (and the cores they leave busy) cannot touch the others
+        pool = make_env(env_id, num_envs, "cpu", seed=0, vectorization="envpool")
+        pool.reset()
+        pair = _interleaved({"env_raw": env_raw, "env_envpool": lambda: env_contract(pool)}, rounds)
+        result["envpool_ratio"] = _paired_ratio(pair, "env_envpool", "env_raw")
+        result["env_envpool"] = result["envpool_ratio"] * result["env_raw"]  # on the first pass's scale
+        pool.close()
+    raw.close()
     return result
 
 
@@ -527,8 +539,7 @@ def measure_gym(args: Args) -> dict:
         r = gym_env_and_rollout(env_id, n, steps, args.repeats)
         rows.append({"env_id": env_id, "num_envs": n, "steps": steps, **r})
         print(f"gym {env_id} num_envs={n}: raw {1e6 * r['env_raw']:.0f} us/step, contract "
-              f"{100 * (r['env_contract'] / r['env_raw'] - 1):+.1f}%, rollout "
-              f"{100 * (r['rollout_trainer'] / r['rollout_floor'] - 1):+.1f}%", flush=True)
+              f"{100 * (r['contract_ratio'] - 1):+.1f}%, rollout {100 * (r['rollout_ratio'] - 1):+.1f}%", flush=True)
     import importlib.util
 
     # the real training loop, with the sync Gymnasium vector env and (when installed) envpool's, one after the other
@@ -554,16 +565,17 @@ def gym_tables(gym: dict) -> list[str]:
     pct = lambda a, b: f"{100 * (a / b - 1):+.1f}%"
     rows = []
     for r in gym["rows"]:
-        contract = r["env_contract"] / r["env_raw"] - 1
-        rollout = r["rollout_trainer"] / r["rollout_floor"] - 1
+        contract = r.get("contract_ratio", r["env_contract"] / r["env_raw"])  # older speed.json: medians' ratio
+        rollout = r.get("rollout_ratio", r["rollout_trainer"] / r["rollout_floor"])
         envpool = r.get("env_envpool")
         rows.append([r["env_id"], str(r["num_envs"]), f"{1e6 * r['env_raw']:.0f}", f"{1e6 * r['env_contract']:.0f}",
-                     pct(r["env_contract"], r["env_raw"]) + (" (<= 10%)" if contract <= 0.10 else " (> 10%)"),
+                     pct(contract, 1) + (" (<= 10%)" if contract <= 1.10 else " (> 10%)"),
                      f"{1e6 * envpool:.0f} ({r['env_raw'] / envpool:.1f}x raw)" if envpool else "-",
                      f"{1e6 * r['rollout_floor']:.0f}", f"{1e6 * r['rollout_trainer']:.0f}",
-                     pct(r["rollout_trainer"], r["rollout_floor"]) + (" (<= 15%)" if rollout <= 0.15 else " (> 15%)")])
+                     pct(rollout, 1) + (" (<= 15%)" if rollout <= 1.15 else " (> 15%)")])
     parts = ["**Gymnasium ids: what the env contract and the trainer's rollout add** (CPU, microseconds per env step "
-             "of all envs, medians of interleaved repeats in one process; env-only: the raw Gymnasium vector env "
+             "of all envs, medians of interleaved rounds of 256 steps in one process, overheads: medians of the "
+             "per-round ratios; env-only: the raw Gymnasium vector env "
              "with numpy actions vs `make_env` with the same actions; rollout: ppo_continuous's rollout body "
              "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs `make_env` plus one batched "
              "`policy_step`):", "",
