@@ -122,6 +122,8 @@ class Args:
     """gym part: cap on the steps per env of every setting (tests use a few)"""
     gym_breakdown: bool = True
     """gym part: also break a real ppo_continuous iteration down on the HalfCheetah-v5 settings"""
+    gym_pairs: int = 3
+    """gym part: turns of that breakdown (sync, then envpool when installed, ...); phases are means over turns"""
     report_only: bool = False
     """measure nothing: redraw the plot and tables from <out>/speed.json"""
 
@@ -551,13 +553,21 @@ def measure_gym(args: Args) -> dict:
         config = merge_flags(gym_config_flags(env_id), ["--num-envs", str(n), "--num-steps", str(steps)])
         quiet = ["--total-timesteps", str(args.iterations * n * steps), "--eval-freq", "0", "--save-freq", "0",
                  "--num-eval-envs", "1", "--num-eval-episodes", "1", "--eval-env-kwargs", '{"max_episode_steps":10}']
-        for vectorization in vectorizations:
-            extra = " ".join(merge_flags(config, quiet, ["--env-vectorization", vectorization], args.extra.split()))
-            result = breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra)
-            breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps,
-                                   "vectorization": vectorization, **result})
+        runs: dict[str, list[dict]] = {v: [] for v in vectorizations}
+        for _ in range(args.gym_pairs):  # in turns (sync, envpool, sync, ...): a slow spell falls on both
+            for vectorization in vectorizations:
+                extra = " ".join(merge_flags(config, quiet, ["--env-vectorization", vectorization],
+                                             args.extra.split()))
+                runs[vectorization].append(breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra))
+        for vectorization, results in runs.items():
+            result = {key: statistics.fmean(r[key] for r in results) for key in ("total", *PHASES)}
+            # training SPS vs sync: the median over turns of sync's iteration time over this one's
+            result["sps_vs_sync"] = statistics.median(s["total"] / r["total"] for s, r in zip(runs["sync"], results))
+            breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps, "vectorization": vectorization,
+                                   "turns": len(results), "iterations": results[0]["iterations"], **result})
             print(f"gym breakdown {env_id} num_envs={n} {vectorization}: " + ", ".join(
-                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
+                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)) +
+                f", training SPS {result['sps_vs_sync']:.2f}x sync", flush=True)
     return {"rows": rows, "breakdown": breakdown_rows}
 
 
@@ -587,12 +597,13 @@ def gym_tables(gym: dict) -> list[str]:
         rows = [[r["env_id"], str(r["num_envs"]), str(r["num_steps"]), r.get("vectorization", "sync"),
                  f"{1e3 * r['total']:.1f}", *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
                  "yes" if r["rest"] <= 0.1 * r["total"] else "no",
+                 f"{r['sps_vs_sync']:.2f}x" if "sps_vs_sync" in r else  # older speed.json: one run each
                  f"{sync[r['env_id'], r['num_envs']] / r['total']:.2f}x" if (r["env_id"], r["num_envs"]) in sync
                  else "-"] for r in gym["breakdown"]]
         parts += ["**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
                   "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt, `--env-vectorization` as shown; mean over "
-                  "the iterations after --skip; training SPS vs sync: the sync iteration's time over this one's, "
-                  "measured one after the other in one process):", "",
+                  "the iterations after --skip and over --gym-pairs turns; training SPS vs sync: the median over "
+                  "turns of the sync iteration's time over this one's, the runs taking turns in one process):", "",
                   md_table(["env", "num_envs", "num_steps", "vectorization", "iteration (ms)", "env step",
                             "policy (forward + sampling)", "update (advantages + epochs)", "rest (overhead)",
                             "rest <= 10%", "training SPS vs sync"], rows), ""]

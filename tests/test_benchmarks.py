@@ -256,19 +256,22 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     md = tmp_path / "RESULTS.md"
     speed.main(speed.Args(parts=("gym",), gym_settings=(("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)),
                           repeats=1, iterations=3, skip=1, out=str(tmp_path / "gym"), results_md=str(md),
-                          extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 8 8"))
+                          gym_pairs=2, extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 8 8"))
     data = json.loads((tmp_path / "gym" / "speed.json").read_text())
     rows = data["gym"]["rows"]
     assert [(r["env_id"], r["num_envs"], r["steps"]) for r in rows] == [("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)]
     has_envpool = importlib.util.find_spec("envpool") is not None
     for r in rows:
-        assert all(r[k] > 0 for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer"))
+        assert all(r[k] > 0 for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer", "contract_ratio",
+                                      "rollout_ratio"))
         assert ("env_envpool" in r) == has_envpool
     breakdowns = data["gym"]["breakdown"]  # HalfCheetah only: the sync vector env, then envpool's when installed
     assert [bd["vectorization"] for bd in breakdowns] == ["sync"] + (["envpool"] if has_envpool else [])
     for bd in breakdowns:
         assert bd["env_id"] == "HalfCheetah-v5" and bd["iterations"] == 2 and bd["env"] > 0 and bd["update"] > 0
         assert bd["env"] + bd["policy"] + bd["update"] + bd["rest"] == pytest.approx(bd["total"])
+        assert bd["turns"] == 2 and bd["sps_vs_sync"] > 0
+    assert breakdowns[0]["sps_vs_sync"] == 1.0  # sync against itself, turn by turn
     text = md.read_text()
     assert "<!-- BEGIN speed-gym-cpu -->" in text and "contract overhead" in text and "rest <= 10%" in text
     assert "| HalfCheetah-v5 | 2 | 8 | sync |" in text and "training SPS vs sync" in text
