@@ -339,16 +339,32 @@ def task_table(task: str, runs: list[dict]) -> str:
 
 # ---- plots ---------------------------------------------------------------------------------------
 def plot_task(task: str, runs: list[dict], path: Path) -> None:
+    """The eval curves of one task, a line per script."""
+    metric, _ = task_metric(task)
+    scripts = sorted({r["script"] for r in runs}, key=SCRIPTS.index)
+    _plot_groups({s: [r["curves"].get(f"eval/{metric}") for r in runs if r["script"] == s] for s in scripts},
+                 COLORS, task, path)
+
+
+def plot_variants(runs: list[dict], path: Path) -> None:
+    """The eval curves of several variants of one env id (`HalfCheetah-v5@a`, `HalfCheetah-v5@b`), a line each."""
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    metric, _ = task_metric(tasks[0])
+    groups = {t: [r["curves"].get(f"eval/{metric}") for r in runs if r["task"] == t] for t in tasks}
+    _plot_groups(groups, {}, f"{env_id(tasks[0])}, {len(tasks)} variants", path)
+
+
+def _plot_groups(groups: dict[str, list], colors: dict[str, str], title: str, path: Path) -> None:
+    """Mean over seeds with a 95% bootstrap band, against env steps and against wall time, a line per group."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
 
-    metric, threshold = task_metric(task)
+    metric, threshold = task_metric(title.split(",")[0])
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for script in sorted({r["script"] for r in runs}, key=SCRIPTS.index):
-        curves = [r["curves"].get(f"eval/{metric}") for r in runs if r["script"] == script]
+    for label, curves in groups.items():
         curves = [c for c in curves if c and c["step"]]
         if not curves:
             continue
@@ -357,8 +373,8 @@ def plot_task(task: str, runs: list[dict], path: Path) -> None:
             if grid.size == 0:
                 continue
             mean, low, high = rlstats.bootstrap_band(values)
-            ax.plot(grid, mean, color=COLORS.get(script), label=f"{script} ({len(curves)} seeds)")
-            ax.fill_between(grid, low, high, color=COLORS.get(script), alpha=0.25, linewidth=0)
+            line, = ax.plot(grid, mean, color=colors.get(label), label=f"{label} ({len(curves)} seeds)")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
     axes[0].xaxis.set_major_formatter(EngFormatter())
     for ax, xlabel in zip(axes, ("env steps", "wall time (s, training loop)")):
         if threshold is not None:
@@ -367,7 +383,7 @@ def plot_task(task: str, runs: list[dict], path: Path) -> None:
         ax.set_ylabel(f"eval {metric.replace('_', ' ')}")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize=8)
-    fig.suptitle(f"{task}: eval {metric.replace('_', ' ')}, mean over seeds with 95% bootstrap band", fontsize=10)
+    fig.suptitle(f"{title}: eval {metric.replace('_', ' ')}, mean over seeds with 95% bootstrap band", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -398,6 +414,12 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
         runs = [r for r in ok if r["task"] == task]
         plot_task(task, runs, out / f"{task}.png")
         lines += ["", f"### {task}", "", f"![{task}]({image_prefix}{task}.png)", "", task_table(task, runs)]
+    for env in dict.fromkeys(env_id(r["task"]) for r in ok):  # variants of one env id: also on one figure
+        runs = [r for r in ok if env_id(r["task"]) == env]
+        if len({r["task"] for r in runs}) > 1:
+            plot_variants(runs, out / f"{env}-variants.png")
+            lines += ["", f"### {env}: the variants side by side", "", f"![{env} variants]({image_prefix}{env}"
+                      "-variants.png)"]
     if failed:
         lines += ["", "Failed runs:", ""] + [f"- `{r['command']}` (exit {r['returncode']}): {r.get('error', '')}"
                                              for r in failed]

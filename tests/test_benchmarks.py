@@ -225,6 +225,14 @@ def test_smoke_suite_end_to_end(tmp_path):
     run.main(run.Args(suite="smoke", out=str(out), results_md=str(md), name="smoke-part", report_only=True))
     text = md.read_text()  # a named set of runs gets its own section and leaves the suite's alone
     assert "<!-- BEGIN smoke-part -->" in text and "<!-- BEGIN smoke-cpu -->" in text
+    data["runs"][1]["task"] = "PushCubeRL@other"  # two variants of one env id: also one figure with both
+    both = tmp_path / "variants"
+    both.mkdir()
+    (both / "runs.json").write_text(json.dumps(data))
+    run.main(run.Args(suite="smoke", out=str(both), results_md="", report_only=True))
+    assert (both / "PushCubeRL-variants.png").stat().st_size > 10_000 and (both / "PushCubeRL@other.png").is_file()
+    assert "### PushCubeRL: the variants side by side" in (both / "report.md").read_text()
+    assert not (out / "PushCubeRL-variants.png").exists()  # one task: no such figure
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "grpo"])
