@@ -474,7 +474,7 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
                     loss.backward()
                     mean_loss = sync_gradients(params, world_size, loss)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if not guard.ok(mean_loss, grad_norm, global_step):  # many in a row stop the run
+                    if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
                     optimizer.step()
                     epoch_kl.append(stats["approx_kl"])
