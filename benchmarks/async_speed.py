@@ -79,11 +79,27 @@ class Args:
 
 def run_one(mode: str, latency: float, seed: int, args: Args, root: Path) -> dict:
     script, mode_flags = MODES[mode]
-    flags = ["--env-id", "PushCubeRL", "--total-timesteps", str(args.total_timesteps), "--eval-freq", "0",
-             "--save-freq", "0", "--policy", "slow_policy:make_agent", "--policy-kwargs",
-             json.dumps({"latency_ms": latency}), "--seed", str(seed),
-             "--cuda" if args.cuda else "--no-cuda", *mode_flags, *shlex.split(args.extra),
-             "--output-dir", str(root / f"{mode}_{latency:g}_{seed}")]
+    flags = [
+        "--env-id",
+        "PushCubeRL",
+        "--total-timesteps",
+        str(args.total_timesteps),
+        "--eval-freq",
+        "0",
+        "--save-freq",
+        "0",
+        "--policy",
+        "slow_policy:make_agent",
+        "--policy-kwargs",
+        json.dumps({"latency_ms": latency}),
+        "--seed",
+        str(seed),
+        "--cuda" if args.cuda else "--no-cuda",
+        *mode_flags,
+        *shlex.split(args.extra),
+        "--output-dir",
+        str(root / f"{mode}_{latency:g}_{seed}"),
+    ]
     env = {"OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(Path(__file__).resolve().parent)}
     cmd = [sys.executable, str(SCRIPTS_DIR / f"{script}.py"), *flags]
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True)
@@ -92,9 +108,15 @@ def run_one(mode: str, latency: float, seed: int, args: Args, root: Path) -> dic
     if proc.returncode or len(summaries) != 1:
         raise SystemExit(f"error: {record['command']} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     s = json.loads(summaries[0].read_text())
-    return {**record, "wall_time_s": s["wall_time_s"], "sps": s["sps"], "global_step": s["global_step"],
-            "success_rate": s["eval"]["success_rate"], "episodic_return": s["eval"]["episodic_return"],
-            "dropped_rollouts": s.get("dropped_rollouts")}
+    return {
+        **record,
+        "wall_time_s": s["wall_time_s"],
+        "sps": s["sps"],
+        "global_step": s["global_step"],
+        "success_rate": s["eval"]["success_rate"],
+        "episodic_return": s["eval"]["episodic_return"],
+        "dropped_rollouts": s.get("dropped_rollouts"),
+    }
 
 
 def fmt(values: list[float], digits: int, unit: str = "") -> str:
@@ -106,26 +128,52 @@ def report(data: dict, image: str) -> str:
     runs, rows = data["runs"], []
     for latency in data["latencies"]:
         pick = lambda mode, latency=latency: sorted(
-            (r for r in runs if r["mode"] == mode and r["latency_ms"] == latency), key=lambda r: r["seed"])
+            (r for r in runs if r["mode"] == mode and r["latency_ms"] == latency), key=lambda r: r["seed"]
+        )
         sync, asyn = pick("sync"), pick("async")
         ratios = [s["wall_time_s"] / a["wall_time_s"] for s, a in zip(sync, asyn)]
-        rows.append([f"{latency:g}", fmt([r["wall_time_s"] for r in sync], 1, " s"),
-                     fmt([r["wall_time_s"] for r in asyn], 1, " s"), f"**{fmt(ratios, 2, 'x')}**",
-                     fmt([r["success_rate"] for r in sync], 2), fmt([r["success_rate"] for r in asyn], 2),
-                     fmt([r["sps"] for r in sync], 0), fmt([r["sps"] for r in asyn], 0)])
-    header = ["policy latency (ms/step)", "sync wall time", "async wall time", "speed-up (sync/async, paired)",
-              "sync eval success", "async eval success", "sync SPS", "async SPS"]
-    lines = [f"PushCubeRL, {data['total_timesteps']:,} env steps per run, {data['seeds']} seed(s), the scripts' "
-             f"defaults{' plus `' + data['extra'] + '`' if data['extra'] else ''}; "
-             f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}.", "",
-             f"- command: `{data['invocation']}`",
-             f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-             f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}; git {data['git']['git_sha']}",
-             "- sync = `ppo_continuous.py`, async = `ppo_async.py --max-staleness 1`, same flags otherwise; mean ± std "
-             "over seeds; wall time is the training loop's (start-up excluded, final eval included).", "",
-             f"![sync vs async]({image})", "", md_table(header, rows), "",
-             "<details><summary>Commands (each with --output-dir)</summary>", "", "```"]
+        rows.append(
+            [
+                f"{latency:g}",
+                fmt([r["wall_time_s"] for r in sync], 1, " s"),
+                fmt([r["wall_time_s"] for r in asyn], 1, " s"),
+                f"**{fmt(ratios, 2, 'x')}**",
+                fmt([r["success_rate"] for r in sync], 2),
+                fmt([r["success_rate"] for r in asyn], 2),
+                fmt([r["sps"] for r in sync], 0),
+                fmt([r["sps"] for r in asyn], 0),
+            ]
+        )
+    header = [
+        "policy latency (ms/step)",
+        "sync wall time",
+        "async wall time",
+        "speed-up (sync/async, paired)",
+        "sync eval success",
+        "async eval success",
+        "sync SPS",
+        "async SPS",
+    ]
+    lines = [
+        f"PushCubeRL, {data['total_timesteps']:,} env steps per run, {data['seeds']} seed(s), the scripts' "
+        f"defaults{' plus `' + data['extra'] + '`' if data['extra'] else ''}; "
+        f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}.",
+        "",
+        f"- command: `{data['invocation']}`",
+        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
+        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}; git {data['git']['git_sha']}",
+        "- sync = `ppo_continuous.py`, async = `ppo_async.py --max-staleness 1`, same flags otherwise; mean ± std "
+        "over seeds; wall time is the training loop's (start-up excluded, final eval included).",
+        "",
+        f"![sync vs async]({image})",
+        "",
+        md_table(header, rows),
+        "",
+        "<details><summary>Commands (each with --output-dir)</summary>",
+        "",
+        "```",
+    ]
     return "\n".join(lines + [r["command"] for r in runs] + ["```", "", "</details>"])
 
 
@@ -141,18 +189,34 @@ def plot(data: dict, path: Path) -> None:
     for offset, mode, color in ((-0.2, "sync", "tab:blue"), (0.2, "async", "tab:orange")):
         walls = [[r["wall_time_s"] for r in data["runs"] if r["mode"] == mode and r["latency_ms"] == v] for v in lat]
         succ = [[r["success_rate"] for r in data["runs"] if r["mode"] == mode and r["latency_ms"] == v] for v in lat]
-        ax1.bar(x + offset, [np.mean(w) for w in walls], 0.4, yerr=[np.std(w) for w in walls], color=color,
-                label=mode, capsize=3)
-        ax2.bar(x + offset, [np.mean(s) for s in succ], 0.4, yerr=[np.std(s) for s in succ], color=color,
-                label=mode, capsize=3)
+        ax1.bar(
+            x + offset,
+            [np.mean(w) for w in walls],
+            0.4,
+            yerr=[np.std(w) for w in walls],
+            color=color,
+            label=mode,
+            capsize=3,
+        )
+        ax2.bar(
+            x + offset,
+            [np.mean(s) for s in succ],
+            0.4,
+            yerr=[np.std(s) for s in succ],
+            color=color,
+            label=mode,
+            capsize=3,
+        )
     for ax, ylabel in ((ax1, "wall time to the budget (s)"), (ax2, "final eval success")):
         ax.set_xticks(x, [f"{v:g} ms" for v in lat])
         ax.set_xlabel("policy latency per inference call")
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
     ax1.legend()
-    fig.suptitle(f"PushCubeRL, {data['total_timesteps']:,} steps: ppo_continuous (sync) vs ppo_async, "
-                 f"{data['seeds']} seeds", fontsize=10)
+    fig.suptitle(
+        f"PushCubeRL, {data['total_timesteps']:,} steps: ppo_continuous (sync) vs ppo_async, {data['seeds']} seeds",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -164,10 +228,17 @@ def main(args: Args) -> None:
     device = "cuda" if args.cuda else "cpu"
     out = Path(args.out) if args.out else BENCH / "results" / f"async-{device}"
     out.mkdir(parents=True, exist_ok=True)
-    data = {"invocation": "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
-            "latencies": list(args.latencies), "seeds": args.seeds, "total_timesteps": args.total_timesteps,
-            "extra": args.extra, "machine": machine_info(), "versions": package_versions(), "git": git_info(),
-            "runs": []}
+    data = {
+        "invocation": "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "latencies": list(args.latencies),
+        "seeds": args.seeds,
+        "total_timesteps": args.total_timesteps,
+        "extra": args.extra,
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_info(),
+        "runs": [],
+    }
     start = time.time()
     with tempfile.TemporaryDirectory() as root:
         for seed in range(1, args.seeds + 1):
@@ -175,10 +246,16 @@ def main(args: Args) -> None:
                 for mode in MODES:  # the pair runs back to back
                     r = run_one(mode, latency, seed, args, Path(root))
                     data["runs"].append(r)
-                    print(f"{mode:5s} latency {latency:g} ms seed {seed}: {r['wall_time_s']:.1f} s, "
-                          f"success {r['success_rate']:.2f}", flush=True)
-    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
-                load_avg_end=machine_info()["load_avg_1_5_15"])
+                    print(
+                        f"{mode:5s} latency {latency:g} ms seed {seed}: {r['wall_time_s']:.1f} s, "
+                        f"success {r['success_rate']:.2f}",
+                        flush=True,
+                    )
+    data.update(
+        total_wall_s=round(time.time() - start, 1),
+        finished=time.strftime("%Y-%m-%d %H:%M"),
+        load_avg_end=machine_info()["load_avg_1_5_15"],
+    )
     (out / "async.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "async.png")
     (out / "async.md").write_text(f"# sync vs async ({device})\n\n{report(data, 'async.png')}\n")

@@ -67,14 +67,22 @@ def machine_info() -> dict:
     except (OSError, AttributeError):
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable, "memory_gib": mem_gib,
-            "gpu": gpu_name() or "none", "os": platform.platform(),
-            "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_gib": mem_gib,
+        "gpu": gpu_name() or "none",
+        "os": platform.platform(),
+        "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def describe_machine(machine: dict) -> str:
-    return (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({machine['usable_cores']} usable), "
-            f"{machine['memory_gib']} GiB RAM, GPU: {machine['gpu']}, {machine['os']}")
+    return (
+        f"{machine['cpu']}, {machine['logical_cores']} logical cores ({machine['usable_cores']} usable), "
+        f"{machine['memory_gib']} GiB RAM, GPU: {machine['gpu']}, {machine['os']}"
+    )
 
 
 # ---- commands and flag files -------------------------------------------------------------------
@@ -119,8 +127,9 @@ def get_flag(tokens: list[str], flag: str) -> list[str] | None:
 
 def shell_command(cmd: list[str], env: dict[str, str] | None = None) -> str:
     """The command as one would type it in the repository root (interpreter shown as `python`)."""
-    shown = ["python" if c == sys.executable else os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c
-             for c in cmd]
+    shown = [
+        "python" if c == sys.executable else os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd
+    ]
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
     return prefix + shlex.join(shown)
 
@@ -132,8 +141,9 @@ def read_scalars(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: ([e.step for e in acc.Scalars(tag)], [e.value for e in acc.Scalars(tag)])
-            for tag in acc.Tags()["scalars"]}
+    return {
+        tag: ([e.step for e in acc.Scalars(tag)], [e.value for e in acc.Scalars(tag)]) for tag in acc.Tags()["scalars"]
+    }
 
 
 def scalar_wall_times(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:

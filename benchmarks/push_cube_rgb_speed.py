@@ -179,8 +179,11 @@ def main(args: Args) -> None:
     for num_envs in args.num_envs:
         data["results"][str(num_envs)] = measure(args, num_envs)
         print(num_envs, {k: round(v) for k, v in data["results"][str(num_envs)].items()}, flush=True)
-    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
-                load_avg_end=machine_info()["load_avg_1_5_15"])
+    data.update(
+        total_wall_s=round(time.time() - start, 1),
+        finished=time.strftime("%Y-%m-%d %H:%M"),
+        load_avg_end=machine_info()["load_avg_1_5_15"],
+    )
     (out / "speed.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "speed.png")
     if args.examples:

@@ -97,13 +97,23 @@ def main(args: Args) -> int:
     if not path.is_file():
         sys.exit(f"error: --results {args.results}: no runs.json there (run.py writes one)")
     data = json.loads(path.read_text())
-    runs = [r for r in data["runs"] if r.get("curves") and (not args.tasks or r["task"] in args.tasks)
-            and (not args.seeds or r["seed"] in args.seeds)]
+    runs = [
+        r
+        for r in data["runs"]
+        if r.get("curves")
+        and (not args.tasks or r["task"] in args.tasks)
+        and (not args.seeds or r["seed"] in args.seeds)
+    ]
     if not runs:
-        sys.exit(f"error: --tasks/--seeds: no run of {path} matches (it has "
-                 f"{sorted({(r['task'], r['seed']) for r in data['runs']})})")
-    print(f"published at git {data['git']['git_sha'][:10]} with torch {data['versions'].get('torch')}; "
-          f"re-running {len(runs)} run(s) up to step {args.until_step}", flush=True)
+        sys.exit(
+            f"error: --tasks/--seeds: no run of {path} matches (it has "
+            f"{sorted({(r['task'], r['seed']) for r in data['runs']})})"
+        )
+    print(
+        f"published at git {data['git']['git_sha'][:10]} with torch {data['versions'].get('torch')}; "
+        f"re-running {len(runs)} run(s) up to step {args.until_step}",
+        flush=True,
+    )
     rows, training_differs = [], False
     for run in runs:
         result = recheck(run, args.until_step, args.poll_s)
@@ -114,8 +124,10 @@ def main(args: Args) -> int:
         cells = []
         for tag, r in result.items():
             same = r["compared"] - len(r["differing"])
-            cells.append(f"{tag}: {same}/{r['compared']} identical"
-                         + (f" (first difference at step {r['differing'][0]})" if r["differing"] else ""))
+            cells.append(
+                f"{tag}: {same}/{r['compared']} identical"
+                + (f" (first difference at step {r['differing'][0]})" if r["differing"] else "")
+            )
             training_differs |= tag.startswith("charts/") and bool(r["differing"] or not r["compared"])
         rows.append([run["script"], run["task"], str(run["seed"]), "; ".join(cells)])
         print(" ".join(rows[-1]), flush=True)

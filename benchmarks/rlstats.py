@@ -36,7 +36,7 @@ def iqm(scores: np.ndarray, axis: int | None = None) -> np.ndarray | float:
     if n == 0:
         raise ValueError("iqm of an empty set of scores")
     cut = int(0.25 * n)
-    return x[..., cut:n - cut].mean(axis=-1)
+    return x[..., cut : n - cut].mean(axis=-1)
 
 
 def mean(scores: np.ndarray, axis: int | None = None) -> np.ndarray | float:
@@ -93,8 +93,9 @@ def align_curves(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[np
     return grid, np.stack([np.interp(grid, x, y) for x, y in curves])
 
 
-def bootstrap_band(values: np.ndarray, reps: int = 2000, confidence: float = 0.95,
-                   seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bootstrap_band(
+    values: np.ndarray, reps: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over seeds of `values [seeds, points]` with a percentile bootstrap band (seeds resampled
     with replacement, the same resample at every point). Returns (mean, low, high), each `[points]`."""
     v = np.asarray(values, dtype=np.float64)

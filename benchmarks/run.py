@@ -85,8 +85,10 @@ QUICK = {
     ("ppo_continuous", "Pendulum-v1"): "--total-timesteps 150000 --eval-freq 5",
     ("grpo", "Pendulum-v1"): "--total-timesteps 288000 --eval-freq 3",
 }
-SMOKE = {("ppo_continuous", "PushCubeRL"): "--total-timesteps 2048 --num-envs 64 --num-steps 8 --num-minibatches 2 "
-         "--update-epochs 2 --eval-freq 1 --num-eval-envs 8 --num-eval-episodes 8 --hidden-sizes 32 32"}
+SMOKE = {
+    ("ppo_continuous", "PushCubeRL"): "--total-timesteps 2048 --num-envs 64 --num-steps 8 --num-minibatches 2 "
+    "--update-epochs 2 --eval-freq 1 --num-eval-envs 8 --num-eval-episodes 8 --hidden-sizes 32 32"
+}
 SUITES = {"smoke": (1, SMOKE), "quick": (5, QUICK), "full": (10, None)}
 
 TRAIN_TAIL = 10  # training return of a run = mean of its last this many logged iterations (CleanRL's tables
@@ -161,11 +163,16 @@ def suite_pairs(args: Args) -> dict[tuple[str, str], str]:
     pairs = overrides if overrides is not None else {pair: "" for pair in config_pairs()}
     available = ", ".join(f"{s}/{t}" for s, t in pairs)
     unknown = (set(args.scripts) - {s for s, _ in pairs}) | (set(args.tasks) - {t for _, t in pairs})
-    chosen = {(s, t): o for (s, t), o in pairs.items()
-              if (not args.scripts or s in args.scripts) and (not args.tasks or t in args.tasks)}
+    chosen = {
+        (s, t): o
+        for (s, t), o in pairs.items()
+        if (not args.scripts or s in args.scripts) and (not args.tasks or t in args.tasks)
+    }
     if unknown or not chosen:
-        fail(f"--scripts/--tasks: {', '.join(sorted(unknown)) or 'that combination'} is not in suite "
-             f"{args.suite!r}, which has: {available}")
+        fail(
+            f"--scripts/--tasks: {', '.join(sorted(unknown)) or 'that combination'} is not in suite "
+            f"{args.suite!r}, which has: {available}"
+        )
     return chosen
 
 
@@ -201,8 +208,11 @@ def command(spec: RunSpec, output_dir: Path, ddp_nproc: int) -> list[str]:
     launcher = [sys.executable]
     if spec.script == "ppo_ddp" and ddp_nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ddp_nproc)]
-    return [*launcher, str(SCRIPTS_DIR / f"{spec.script}.py"),
-            *merge_flags(spec.flags, ["--seed", str(spec.seed), "--output-dir", str(output_dir)])]
+    return [
+        *launcher,
+        str(SCRIPTS_DIR / f"{spec.script}.py"),
+        *merge_flags(spec.flags, ["--seed", str(spec.seed), "--output-dir", str(output_dir)]),
+    ]
 
 
 # ---- running and reading back -------------------------------------------------------------------
@@ -215,18 +225,29 @@ def launch(spec: RunSpec, output_dir: Path, args: Args) -> dict:
     cmd = command(spec, output_dir, args.ddp_nproc)
     start = time.time()
     with open(output_dir / "stdout.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env_vars}, stdout=log,
-                            stderr=subprocess.STDOUT).returncode
-    record = {"script": spec.script, "task": spec.task, "seed": spec.seed, "command": shell_command(cmd, env_vars),
-              "returncode": rc, "process_wall_s": round(time.time() - start, 2)}
+        rc = subprocess.run(
+            cmd, cwd=REPO, env={**os.environ, **env_vars}, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
+    record = {
+        "script": spec.script,
+        "task": spec.task,
+        "seed": spec.seed,
+        "command": shell_command(cmd, env_vars),
+        "returncode": rc,
+        "process_wall_s": round(time.time() - start, 2),
+    }
     summaries = list(output_dir.glob("*/summary.json"))
     if rc != 0 or len(summaries) != 1:
         tail = (output_dir / "stdout.log").read_text().strip().splitlines()[-3:]
         return {**record, "returncode": rc or 1, "error": " / ".join(tail)}
     summary = json.loads(summaries[0].read_text())
     keep = ("global_step", "wall_time_s", "sps", "eval", "versions")
-    return {**record, "run_dir": os.path.relpath(summaries[0].parent, REPO),
-            "summary": {k: summary.get(k) for k in keep}, "curves": read_curves(summaries[0].parent)}
+    return {
+        **record,
+        "run_dir": os.path.relpath(summaries[0].parent, REPO),
+        "summary": {k: summary.get(k) for k in keep},
+        "curves": read_curves(summaries[0].parent),
+    }
 
 
 def read_curves(run_dir: Path) -> dict[str, dict[str, list[float]]]:
@@ -238,10 +259,14 @@ def read_curves(run_dir: Path) -> dict[str, dict[str, list[float]]]:
         if tag not in scalars:
             continue
         steps, values = scalars[tag]
-        elapsed = np.interp(steps, sps_steps, sps_steps / np.maximum(sps, 1e-9)) if len(sps) else np.full(
-            len(steps), np.nan)
-        curves[tag] = {"step": list(steps), "value": [float(v) for v in values],
-                       "time_s": [round(float(t), 3) for t in elapsed]}
+        elapsed = (
+            np.interp(steps, sps_steps, sps_steps / np.maximum(sps, 1e-9)) if len(sps) else np.full(len(steps), np.nan)
+        )
+        curves[tag] = {
+            "step": list(steps),
+            "value": [float(v) for v in values],
+            "time_s": [round(float(t), 3) for t in elapsed],
+        }
     return curves
 
 
@@ -261,8 +286,11 @@ def determinism_check(spec: RunSpec, first: dict, out: Path, args: Args) -> dict
 def compare_scalars(a: dict, b: dict) -> dict:
     """Tags whose (steps, values) differ between two runs, clock-based tags left out; exact comparison."""
     tags = sorted((set(a) | set(b)) - set(TIMING_TAGS))
-    return {"compared": len(tags), "points": sum(len(a.get(t, ([], []))[0]) for t in tags),
-            "differing": [t for t in tags if a.get(t) != b.get(t)]}
+    return {
+        "compared": len(tags),
+        "points": sum(len(a.get(t, ([], []))[0]) for t in tags),
+        "differing": [t for t in tags if a.get(t) != b.get(t)],
+    }
 
 
 # ---- aggregation ----------------------------------------------------------------------------------
@@ -325,14 +353,19 @@ def task_table(task: str, runs: list[dict]) -> str:
             success = [e["success_rate"] or 0.0 for e in ev]
             row += [fmt_mean_std(success, 2), fmt_iqm(success, 2)]
         returns = [e["episodic_return"] for e in ev]
-        train = [float(np.mean(c["value"][-TRAIN_TAIL:])) for r in mine
-                 if (c := r["curves"].get("charts/episodic_return")) and c["value"]]
+        train = [
+            float(np.mean(c["value"][-TRAIN_TAIL:]))
+            for r in mine
+            if (c := r["curves"].get("charts/episodic_return")) and c["value"]
+        ]
         row += [fmt_mean_std(returns, 1), fmt_iqm(returns, 1), fmt_mean_std(train, 1) if train else "-"]
         if threshold is not None:
             steps, times = threshold_hits(mine, metric, threshold)
             row += [fmt_hits(steps, "k", 1e3), fmt_hits(times, " s")]
-        row += [fmt_mean_std([r["summary"]["wall_time_s"] for r in mine], 1),
-                fmt_mean_std([r["summary"]["sps"] for r in mine], 0)]
+        row += [
+            fmt_mean_std([r["summary"]["wall_time_s"] for r in mine], 1),
+            fmt_mean_std([r["summary"]["sps"] for r in mine], 0),
+        ]
         rows.append(row)
     return md_table(header, rows)
 
@@ -342,8 +375,9 @@ def plot_task(task: str, runs: list[dict], path: Path) -> None:
     """The eval curves of one task, a line per script."""
     metric, _ = task_metric(task)
     scripts = sorted({r["script"] for r in runs}, key=SCRIPTS.index)
-    _plot_groups({s: [r["curves"].get(f"eval/{metric}") for r in runs if r["script"] == s] for s in scripts},
-                 COLORS, task, path)
+    _plot_groups(
+        {s: [r["curves"].get(f"eval/{metric}") for r in runs if r["script"] == s] for s in scripts}, COLORS, task, path
+    )
 
 
 def plot_variants(runs: list[dict], path: Path) -> None:
@@ -373,7 +407,7 @@ def _plot_groups(groups: dict[str, list], colors: dict[str, str], title: str, pa
             if grid.size == 0:
                 continue
             mean, low, high = rlstats.bootstrap_band(values)
-            line, = ax.plot(grid, mean, color=colors.get(label), label=f"{label} ({len(curves)} seeds)")
+            (line,) = ax.plot(grid, mean, color=colors.get(label), label=f"{label} ({len(curves)} seeds)")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
     axes[0].xaxis.set_major_formatter(EngFormatter())
     for ax, xlabel in zip(axes, ("env steps", "wall time (s, training loop)")):
@@ -393,23 +427,31 @@ def _plot_groups(groups: dict[str, list], colors: dict[str, str], title: str, pa
 def report(data: dict, out: Path, image_prefix: str) -> str:
     ok = [r for r in data["runs"] if r["returncode"] == 0]
     failed = [r for r in data["runs"] if r["returncode"] != 0]
-    lines = [f"Suite `{data['suite']}` on `{data['device']}`, {len(ok)} runs ({len(failed)} failed), "
-             f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}"
-             + (f"; {data['jobs']} runs at a time, so wall times and SPS are those of a shared machine."
-                if data.get("jobs", 1) > 1 else "."), "",
-             f"- command: `{data['invocation']}`",
-             f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-             f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-             f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
-             "- IQM: mean of the middle 50% of seeds (= the mean below 4 seeds); CI: 95% stratified bootstrap "
-             "(2000 resamples, percentile); thresholds are reached at the first eval at or above them; "
-             "wall time is the trainer's loop time (global_step / SPS), evaluations included."]
+    lines = [
+        f"Suite `{data['suite']}` on `{data['device']}`, {len(ok)} runs ({len(failed)} failed), "
+        f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}"
+        + (
+            f"; {data['jobs']} runs at a time, so wall times and SPS are those of a shared machine."
+            if data.get("jobs", 1) > 1
+            else "."
+        ),
+        "",
+        f"- command: `{data['invocation']}`",
+        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
+        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
+        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        "- IQM: mean of the middle 50% of seeds (= the mean below 4 seeds); CI: 95% stratified bootstrap "
+        "(2000 resamples, percentile); thresholds are reached at the first eval at or above them; "
+        "wall time is the trainer's loop time (global_step / SPS), evaluations included.",
+    ]
     det = data.get("determinism")
     if det:
         verdict = "identical, bit for bit" if det["identical"] else f"DIFFERENT: {', '.join(det['differing'])}"
-        lines.append(f"- determinism: ran `{det['command']}` twice: {det['compared']} scalar series "
-                     f"({det['points']} points, all but charts/SPS) and the final eval: {verdict}")
+        lines.append(
+            f"- determinism: ran `{det['command']}` twice: {det['compared']} scalar series "
+            f"({det['points']} points, all but charts/SPS) and the final eval: {verdict}"
+        )
     for task in dict.fromkeys(r["task"] for r in ok):
         runs = [r for r in ok if r["task"] == task]
         plot_task(task, runs, out / f"{task}.png")
@@ -418,13 +460,23 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
         runs = [r for r in ok if env_id(r["task"]) == env]
         if len({r["task"] for r in runs}) > 1:
             plot_variants(runs, out / f"{env}-variants.png")
-            lines += ["", f"### {env}: the variants side by side", "", f"![{env} variants]({image_prefix}{env}"
-                      "-variants.png)"]
+            lines += [
+                "",
+                f"### {env}: the variants side by side",
+                "",
+                f"![{env} variants]({image_prefix}{env}-variants.png)",
+            ]
     if failed:
-        lines += ["", "Failed runs:", ""] + [f"- `{r['command']}` (exit {r['returncode']}): {r.get('error', '')}"
-                                             for r in failed]
-    lines += ["", "<details><summary>Exact commands (run from the repository root; python = the uv "
-              "environment's interpreter)</summary>", "", "```"] + [r["command"] for r in data["runs"]]
+        lines += ["", "Failed runs:", ""] + [
+            f"- `{r['command']}` (exit {r['returncode']}): {r.get('error', '')}" for r in failed
+        ]
+    lines += [
+        "",
+        "<details><summary>Exact commands (run from the repository root; python = the uv "
+        "environment's interpreter)</summary>",
+        "",
+        "```",
+    ] + [r["command"] for r in data["runs"]]
     return "\n".join(lines + ["```", "", "</details>"])
 
 
@@ -454,8 +506,16 @@ def main(args: Args) -> None:
     specs = plan(args, device)
     out.mkdir(parents=True, exist_ok=True)
     invocation = "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
-    data = {"suite": args.suite, "device": device, "invocation": invocation, "jobs": args.jobs,
-            "machine": machine_info(), "versions": package_versions(), "git": git_info(), "runs": []}
+    data = {
+        "suite": args.suite,
+        "device": device,
+        "invocation": invocation,
+        "jobs": args.jobs,
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_info(),
+        "runs": [],
+    }
     start = time.time()
     run_dir = lambda spec: out / "runs" / f"{spec.script}__{spec.task}__{spec.seed}"
     # Runs go `--jobs` at a time; records keep the plan's order whatever order the runs finish in.
@@ -467,8 +527,11 @@ def main(args: Args) -> None:
     if args.determinism_check:  # the first run again, alone on the machine
         data["determinism"] = determinism_check(specs[0], data["runs"][0], out, args)
         print(f"determinism check: identical={data['determinism']['identical']}", flush=True)
-    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
-                load_avg_end=machine_info()["load_avg_1_5_15"])
+    data.update(
+        total_wall_s=round(time.time() - start, 1),
+        finished=time.strftime("%Y-%m-%d %H:%M"),
+        load_avg_end=machine_info()["load_avg_1_5_15"],
+    )
     write_outputs(data, out, args.results_md, name)
 
 
@@ -479,8 +542,10 @@ def progress_line(r: dict) -> str:
     s, ev = r["summary"], r["summary"]["eval"]
     success = "" if ev.get("success_rate") is None else f"success {ev['success_rate']:.2f}, "
     ret = ev.get("episodic_return")
-    return (f"{head} {success}return {ret if ret is None or not math.isfinite(ret) else round(ret, 1)}, "
-            f"{s['global_step']:,} steps, {s['wall_time_s']:.0f} s ({r['process_wall_s']:.0f} s with start-up)")
+    return (
+        f"{head} {success}return {ret if ret is None or not math.isfinite(ret) else round(ret, 1)}, "
+        f"{s['global_step']:,} steps, {s['wall_time_s']:.0f} s ({r['process_wall_s']:.0f} s with start-up)"
+    )
 
 
 if __name__ == "__main__":

@@ -169,10 +169,17 @@ def measure_env(args: Args) -> list[dict]:
         for threads in args.env_threads if device == "cpu" else (args.threads,):
             torch.set_num_threads(threads)
             for n in (*args.env_num_envs, *((16384,) if device == "cuda" else ())):
-                rows.append({"device": device, "threads": threads, "num_envs": n,
-                             "steps_per_s": env_throughput(n, device, args.env_steps, args.repeats)})
-                print(f"env {device} threads={threads} num_envs={n}: {rows[-1]['steps_per_s']:,.0f} steps/s",
-                      flush=True)
+                rows.append(
+                    {
+                        "device": device,
+                        "threads": threads,
+                        "num_envs": n,
+                        "steps_per_s": env_throughput(n, device, args.env_steps, args.repeats),
+                    }
+                )
+                print(
+                    f"env {device} threads={threads} num_envs={n}: {rows[-1]['steps_per_s']:,.0f} steps/s", flush=True
+                )
     torch.set_num_threads(args.threads)
     return rows
 
@@ -180,17 +187,36 @@ def measure_env(args: Args) -> list[dict]:
 # ---- 2. training SPS, eager vs --compile, one process per run ------------------------------------
 def training_flags(script: str, num_envs: int, iterations: int, device: str, extra: str) -> list[str]:
     steps = STEPS_PER_ENV[script]
-    base = ["--env-id", "PushCubeRL", "--num-envs", str(num_envs), "--num-steps", str(steps),
-            "--total-timesteps", str(iterations * num_envs * steps), "--eval-freq", "0", "--save-freq", "0",
-            "--num-eval-envs", "8", "--num-eval-episodes", "8", "--cuda" if device == "cuda" else "--no-cuda"]
+    base = [
+        "--env-id",
+        "PushCubeRL",
+        "--num-envs",
+        str(num_envs),
+        "--num-steps",
+        str(steps),
+        "--total-timesteps",
+        str(iterations * num_envs * steps),
+        "--eval-freq",
+        "0",
+        "--save-freq",
+        "0",
+        "--num-eval-envs",
+        "8",
+        "--num-eval-episodes",
+        "8",
+        "--cuda" if device == "cuda" else "--no-cuda",
+    ]
     return merge_flags(base, extra.split())
 
 
 def steady_sps(run_dir: Path, skip: int) -> float:
     """Median over iterations after `skip` of (env steps of the iteration) / (time between its SPS events)."""
     steps, wall = scalar_wall_times(run_dir, "charts/SPS")
-    rates = [(steps[i] - steps[i - 1]) / (wall[i] - wall[i - 1]) for i in range(max(1, skip), len(steps))
-             if wall[i] > wall[i - 1]]
+    rates = [
+        (steps[i] - steps[i - 1]) / (wall[i] - wall[i - 1])
+        for i in range(max(1, skip), len(steps))
+        if wall[i] > wall[i - 1]
+    ]
     return statistics.median(rates) if rates else float("nan")
 
 
@@ -203,8 +229,11 @@ def run_training(script: str, flags: list[str], threads: int, tmp: Path, skip: i
         fail(f"{shell_command(cmd, env_vars)} exited {proc.returncode}: {proc.stdout[-500:]}{proc.stderr[-500:]}")
     summary_path = next(out_dir.glob("*/summary.json"))
     summary = json.loads(summary_path.read_text())
-    return {"steady_sps": steady_sps(summary_path.parent, skip), "end_to_end_sps": summary["sps"],
-            "command": shell_command(cmd[:-2], env_vars)}
+    return {
+        "steady_sps": steady_sps(summary_path.parent, skip),
+        "end_to_end_sps": summary["sps"],
+        "command": shell_command(cmd[:-2], env_vars),
+    }
 
 
 def measure_training(args: Args) -> list[dict]:
@@ -215,10 +244,13 @@ def measure_training(args: Args) -> list[dict]:
                 for n in args.num_envs if device == "cpu" else args.cuda_num_envs:
                     row = {"device": device, "script": script, "num_envs": n}
                     flags = training_flags(script, n, args.iterations, device, args.extra)
-                    for mode, mode_flags in (("eager", []), ("compile", ["--compile"]))[:1 + args.compile]:
+                    for mode, mode_flags in (("eager", []), ("compile", ["--compile"]))[: 1 + args.compile]:
                         row[mode] = run_training(script, flags + mode_flags, args.threads, Path(tmp), args.skip)
-                        print(f"train {device} {script} num_envs={n} {mode}: steady {row[mode]['steady_sps']:,.0f} "
-                              f"SPS, end-to-end {row[mode]['end_to_end_sps']:,.0f}", flush=True)
+                        print(
+                            f"train {device} {script} num_envs={n} {mode}: steady {row[mode]['steady_sps']:,.0f} "
+                            f"SPS, end-to-end {row[mode]['end_to_end_sps']:,.0f}",
+                            flush=True,
+                        )
                     rows.append(row)
     return rows
 
@@ -261,8 +293,12 @@ class PhaseTimer:
         now = time.perf_counter()
         if self.last_log is not None and self.update_start is not None:
             total = now - self.last_log
-            row = {"total": total, "env": self.window["env"], "policy": self.window["policy"],
-                   "update": now - self.update_start}
+            row = {
+                "total": total,
+                "env": self.window["env"],
+                "policy": self.window["policy"],
+                "update": now - self.update_start,
+            }
             row["rest"] = total - row["env"] - row["policy"] - row["update"]
             self.rows.append(row)
         self.window.clear()
@@ -292,6 +328,7 @@ def _log_prob_timed(cls: type):
     the trainers' policy step samples the action and takes its log-prob right after the forward, and that is the
     policy's work (timing only the network's forward left it in "rest"). One timed call instead of two (sample
     and log_prob): the instrumentation's own cost lands in "rest"."""
+
     def log_prob(self, value):
         out = cls.log_prob(self, value)
         if not TIMER.depth:  # not inside another timed call
@@ -300,6 +337,7 @@ def _log_prob_timed(cls: type):
             TIMER.window["policy"] += now - TIMER.rollout_end
             TIMER.rollout_end = now
         return out
+
     return log_prob
 
 
@@ -380,7 +418,7 @@ def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: st
     timer = PhaseTimer(device)
     with tempfile.TemporaryDirectory() as tmp, instrumented(timer), contextlib.redirect_stderr(io.StringIO()):
         module.main(tyro.cli(module.Args, args=[*flags, "--output-dir", tmp]))
-    rows = timer.rows[max(0, skip - 1):]
+    rows = timer.rows[max(0, skip - 1) :]
     if not rows:
         fail(f"breakdown of {script}: no steady iterations; raise --iterations above --skip")
     return {**{key: statistics.fmean(r[key] for r in rows) for key in ("total", *PHASES)}, "iterations": len(rows)}
@@ -394,8 +432,11 @@ def measure_breakdown(args: Args) -> list[dict]:
         for script in args.scripts:
             result = breakdown(script, n, args.iterations, args.skip, device, args.extra)
             rows.append({"device": device, "script": script, "num_envs": n, **result})
-            print(f"breakdown {device} {script} num_envs={n}: " + ", ".join(
-                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)), flush=True)
+            print(
+                f"breakdown {device} {script} num_envs={n}: "
+                + ", ".join(f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)),
+                flush=True,
+            )
     return rows
 
 
@@ -419,8 +460,14 @@ def _raw_vector_env(env_id: str, num_envs: int):
     from cleanrl_embodied.shared.envs.wrappers import SafeRender
 
     kwargs = {"render_mode": "rgb_array"} if _offers_rgb_array(env_id) else {}
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=[SafeRender],
-                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs)
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        wrappers=[SafeRender],
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        **kwargs,
+    )
 
 
 def _interleaved(runs: dict, rounds: int) -> dict[str, list[float]]:
@@ -492,9 +539,18 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int, ch
 
     def rollout_trainer():  # the body of ppo_continuous's rollout loop (CPU), through its public functions
         storage = rollout_storage(
-            steps, num_envs, "cpu", obs=ours.single_observation_space, action=((act_dim,), torch.float32),
-            logprob=((), torch.float32), value=((), torch.float32), final_value=((), torch.float32),
-            reward=((), torch.float32), terminated=((), torch.bool), done=((), torch.bool))
+            steps,
+            num_envs,
+            "cpu",
+            obs=ours.single_observation_space,
+            action=((act_dim,), torch.float32),
+            logprob=((), torch.float32),
+            value=((), torch.float32),
+            final_value=((), torch.float32),
+            reward=((), torch.float32),
+            terminated=((), torch.bool),
+            done=((), torch.bool),
+        )
         stats, watch, next_obs = RolloutStats("cpu"), NonFiniteWatch(num_envs, "cpu"), state["obs"]
         with torch.no_grad():
             for step in range(steps):
@@ -513,8 +569,12 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int, ch
             watch.update_rollout(storage["obs"], next_obs, storage["reward"])
         state["obs"] = next_obs
 
-    runs = {"env_raw": env_raw, "env_contract": env_contract, "rollout_floor": rollout_floor,
-            "rollout_trainer": rollout_trainer}
+    runs = {
+        "env_raw": env_raw,
+        "env_contract": env_contract,
+        "rollout_floor": rollout_floor,
+        "rollout_trainer": rollout_trainer,
+    }
     times = _interleaved(runs, rounds)
     result = {k: statistics.median(v) / steps for k, v in times.items()}
     result["contract_ratio"] = _paired_ratio(times, "env_contract", "env_raw")
@@ -540,8 +600,11 @@ def measure_gym(args: Args) -> dict:
         steps = min(steps, args.gym_max_steps)
         r = gym_env_and_rollout(env_id, n, steps, args.repeats)
         rows.append({"env_id": env_id, "num_envs": n, "steps": steps, **r})
-        print(f"gym {env_id} num_envs={n}: raw {1e6 * r['env_raw']:.0f} us/step, contract "
-              f"{100 * (r['contract_ratio'] - 1):+.1f}%, rollout {100 * (r['rollout_ratio'] - 1):+.1f}%", flush=True)
+        print(
+            f"gym {env_id} num_envs={n}: raw {1e6 * r['env_raw']:.0f} us/step, contract "
+            f"{100 * (r['contract_ratio'] - 1):+.1f}%, rollout {100 * (r['rollout_ratio'] - 1):+.1f}%",
+            flush=True,
+        )
     import importlib.util
 
     # the real training loop, with the sync Gymnasium vector env and (when installed) envpool's, one after the other
@@ -551,23 +614,46 @@ def measure_gym(args: Args) -> dict:
             continue
         steps = min(steps, args.gym_max_steps)
         config = merge_flags(gym_config_flags(env_id), ["--num-envs", str(n), "--num-steps", str(steps)])
-        quiet = ["--total-timesteps", str(args.iterations * n * steps), "--eval-freq", "0", "--save-freq", "0",
-                 "--num-eval-envs", "1", "--num-eval-episodes", "1", "--eval-env-kwargs", '{"max_episode_steps":10}']
+        quiet = [
+            "--total-timesteps",
+            str(args.iterations * n * steps),
+            "--eval-freq",
+            "0",
+            "--save-freq",
+            "0",
+            "--num-eval-envs",
+            "1",
+            "--num-eval-episodes",
+            "1",
+            "--eval-env-kwargs",
+            '{"max_episode_steps":10}',
+        ]
         runs: dict[str, list[dict]] = {v: [] for v in vectorizations}
         for _ in range(args.gym_pairs):  # in turns (sync, envpool, sync, ...): a slow spell falls on both
             for vectorization in vectorizations:
-                extra = " ".join(merge_flags(config, quiet, ["--env-vectorization", vectorization],
-                                             args.extra.split()))
+                extra = " ".join(merge_flags(config, quiet, ["--env-vectorization", vectorization], args.extra.split()))
                 runs[vectorization].append(breakdown("ppo_continuous", n, args.iterations, args.skip, "cpu", extra))
         for vectorization, results in runs.items():
             result = {key: statistics.fmean(r[key] for r in results) for key in ("total", *PHASES)}
             # training SPS vs sync: the median over turns of sync's iteration time over this one's
             result["sps_vs_sync"] = statistics.median(s["total"] / r["total"] for s, r in zip(runs["sync"], results))
-            breakdown_rows.append({"env_id": env_id, "num_envs": n, "num_steps": steps, "vectorization": vectorization,
-                                   "turns": len(results), "iterations": results[0]["iterations"], **result})
-            print(f"gym breakdown {env_id} num_envs={n} {vectorization}: " + ", ".join(
-                f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES)) +
-                f", training SPS {result['sps_vs_sync']:.2f}x sync", flush=True)
+            breakdown_rows.append(
+                {
+                    "env_id": env_id,
+                    "num_envs": n,
+                    "num_steps": steps,
+                    "vectorization": vectorization,
+                    "turns": len(results),
+                    "iterations": results[0]["iterations"],
+                    **result,
+                }
+            )
+            print(
+                f"gym breakdown {env_id} num_envs={n} {vectorization}: "
+                + ", ".join(f"{k} {1e3 * result[k]:.1f} ms" for k in ("total", *PHASES))
+                + f", training SPS {result['sps_vs_sync']:.2f}x sync",
+                flush=True,
+            )
     return {"rows": rows, "breakdown": breakdown_rows}
 
 
@@ -578,35 +664,91 @@ def gym_tables(gym: dict) -> list[str]:
         contract = r.get("contract_ratio", r["env_contract"] / r["env_raw"])  # older speed.json: medians' ratio
         rollout = r.get("rollout_ratio", r["rollout_trainer"] / r["rollout_floor"])
         envpool = r.get("env_envpool")
-        rows.append([r["env_id"], str(r["num_envs"]), f"{1e6 * r['env_raw']:.0f}", f"{1e6 * r['env_contract']:.0f}",
-                     pct(contract, 1) + (" (<= 10%)" if contract <= 1.10 else " (> 10%)"),
-                     f"{1e6 * envpool:.0f} ({r['env_raw'] / envpool:.1f}x raw)" if envpool else "-",
-                     f"{1e6 * r['rollout_floor']:.0f}", f"{1e6 * r['rollout_trainer']:.0f}",
-                     pct(rollout, 1) + (" (<= 15%)" if rollout <= 1.15 else " (> 15%)")])
-    parts = ["**Gymnasium ids: what the env contract and the trainer's rollout add** (CPU, microseconds per env step "
-             "of all envs, medians of interleaved rounds of 256 steps in one process, overheads: medians of the "
-             "per-round ratios; env-only: the raw Gymnasium vector env "
-             "with numpy actions vs `make_env` with the same actions; rollout: ppo_continuous's rollout body "
-             "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs `make_env` plus one batched "
-             "`policy_step`):", "",
-             md_table(["env", "num_envs", "raw env", "make_env", "contract overhead", "envpool", "rollout floor",
-                       "trainer rollout", "rollout overhead"], rows), ""]
+        rows.append(
+            [
+                r["env_id"],
+                str(r["num_envs"]),
+                f"{1e6 * r['env_raw']:.0f}",
+                f"{1e6 * r['env_contract']:.0f}",
+                pct(contract, 1) + (" (<= 10%)" if contract <= 1.10 else " (> 10%)"),
+                f"{1e6 * envpool:.0f} ({r['env_raw'] / envpool:.1f}x raw)" if envpool else "-",
+                f"{1e6 * r['rollout_floor']:.0f}",
+                f"{1e6 * r['rollout_trainer']:.0f}",
+                pct(rollout, 1) + (" (<= 15%)" if rollout <= 1.15 else " (> 15%)"),
+            ]
+        )
+    parts = [
+        "**Gymnasium ids: what the env contract and the trainer's rollout add** (CPU, microseconds per env step "
+        "of all envs, medians of interleaved rounds of 256 steps in one process, overheads: medians of the "
+        "per-round ratios; env-only: the raw Gymnasium vector env "
+        "with numpy actions vs `make_env` with the same actions; rollout: ppo_continuous's rollout body "
+        "(`policy_step`, storage writes, env step, V(final_obs), bookkeeping) vs `make_env` plus one batched "
+        "`policy_step`):",
+        "",
+        md_table(
+            [
+                "env",
+                "num_envs",
+                "raw env",
+                "make_env",
+                "contract overhead",
+                "envpool",
+                "rollout floor",
+                "trainer rollout",
+                "rollout overhead",
+            ],
+            rows,
+        ),
+        "",
+    ]
     if gym.get("breakdown"):
-        sync = {(r["env_id"], r["num_envs"]): r["total"] for r in gym["breakdown"]
-                if r.get("vectorization", "sync") == "sync"}
-        rows = [[r["env_id"], str(r["num_envs"]), str(r["num_steps"]), r.get("vectorization", "sync"),
-                 f"{1e3 * r['total']:.1f}", *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
-                 "yes" if r["rest"] <= 0.1 * r["total"] else "no",
-                 f"{r['sps_vs_sync']:.2f}x" if "sps_vs_sync" in r else  # older speed.json: one run each
-                 f"{sync[r['env_id'], r['num_envs']] / r['total']:.2f}x" if (r["env_id"], r["num_envs"]) in sync
-                 else "-"] for r in gym["breakdown"]]
-        parts += ["**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
-                  "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt, `--env-vectorization` as shown; mean over "
-                  "the iterations after --skip and over --gym-pairs turns; training SPS vs sync: the median over "
-                  "turns of the sync iteration's time over this one's, the runs taking turns in one process):", "",
-                  md_table(["env", "num_envs", "num_steps", "vectorization", "iteration (ms)", "env step",
-                            "policy (forward + sampling)", "update (advantages + epochs)", "rest (overhead)",
-                            "rest <= 10%", "training SPS vs sync"], rows), ""]
+        sync = {
+            (r["env_id"], r["num_envs"]): r["total"]
+            for r in gym["breakdown"]
+            if r.get("vectorization", "sync") == "sync"
+        }
+        rows = [
+            [
+                r["env_id"],
+                str(r["num_envs"]),
+                str(r["num_steps"]),
+                r.get("vectorization", "sync"),
+                f"{1e3 * r['total']:.1f}",
+                *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
+                "yes" if r["rest"] <= 0.1 * r["total"] else "no",
+                f"{r['sps_vs_sync']:.2f}x"
+                if "sps_vs_sync" in r
+                # older speed.json: one run each
+                else f"{sync[r['env_id'], r['num_envs']] / r['total']:.2f}x"
+                if (r["env_id"], r["num_envs"]) in sync
+                else "-",
+            ]
+            for r in gym["breakdown"]
+        ]
+        parts += [
+            "**Where a ppo_continuous iteration's time goes on HalfCheetah-v5** (flags of "
+            "benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt, `--env-vectorization` as shown; mean over "
+            "the iterations after --skip and over --gym-pairs turns; training SPS vs sync: the median over "
+            "turns of the sync iteration's time over this one's, the runs taking turns in one process):",
+            "",
+            md_table(
+                [
+                    "env",
+                    "num_envs",
+                    "num_steps",
+                    "vectorization",
+                    "iteration (ms)",
+                    "env step",
+                    "policy (forward + sampling)",
+                    "update (advantages + epochs)",
+                    "rest (overhead)",
+                    "rest <= 10%",
+                    "training SPS vs sync",
+                ],
+                rows,
+            ),
+            "",
+        ]
     return parts
 
 
@@ -614,32 +756,78 @@ def gym_tables(gym: dict) -> list[str]:
 def tables(data: dict) -> str:
     parts = []
     if data.get("env"):
-        parts += ["**Env-only throughput** (PushCubeRL `step()`, random actions, median of repeats):", "",
-                  md_table(["device", "threads", "num_envs", "env-steps/s"],
-                           [[r["device"], str(r["threads"]), str(r["num_envs"]), f"{r['steps_per_s']:,.0f}"]
-                            for r in data["env"]]), ""]
+        parts += [
+            "**Env-only throughput** (PushCubeRL `step()`, random actions, median of repeats):",
+            "",
+            md_table(
+                ["device", "threads", "num_envs", "env-steps/s"],
+                [[r["device"], str(r["threads"]), str(r["num_envs"]), f"{r['steps_per_s']:,.0f}"] for r in data["env"]],
+            ),
+            "",
+        ]
     if data.get("train"):
-        header = ["device", "script", "num_envs", "eager SPS (steady)", "compile SPS (steady)", "compile / eager",
-                  "eager SPS (end to end)", "compile SPS (end to end)"]
+        header = [
+            "device",
+            "script",
+            "num_envs",
+            "eager SPS (steady)",
+            "compile SPS (steady)",
+            "compile / eager",
+            "eager SPS (end to end)",
+            "compile SPS (end to end)",
+        ]
         rows = []
         for r in data["train"]:
             c = r.get("compile")
-            rows.append([r["device"], r["script"], str(r["num_envs"]), f"{r['eager']['steady_sps']:,.0f}",
-                         f"{c['steady_sps']:,.0f}" if c else "-",
-                         f"{c['steady_sps'] / r['eager']['steady_sps']:.2f}x" if c else "-",
-                         f"{r['eager']['end_to_end_sps']:,.0f}", f"{c['end_to_end_sps']:,.0f}" if c else "-"])
-        parts += [f"**Training SPS** ({data['threads']} thread(s), {data['iterations']} iterations per run, steady "
-                  f"state = median after {data['skip']}; end to end includes start-up of the loop and compilation):",
-                  "", md_table(header, rows), ""]
+            rows.append(
+                [
+                    r["device"],
+                    r["script"],
+                    str(r["num_envs"]),
+                    f"{r['eager']['steady_sps']:,.0f}",
+                    f"{c['steady_sps']:,.0f}" if c else "-",
+                    f"{c['steady_sps'] / r['eager']['steady_sps']:.2f}x" if c else "-",
+                    f"{r['eager']['end_to_end_sps']:,.0f}",
+                    f"{c['end_to_end_sps']:,.0f}" if c else "-",
+                ]
+            )
+        parts += [
+            f"**Training SPS** ({data['threads']} thread(s), {data['iterations']} iterations per run, steady "
+            f"state = median after {data['skip']}; end to end includes start-up of the loop and compilation):",
+            "",
+            md_table(header, rows),
+            "",
+        ]
     if data.get("breakdown"):
-        header = ["device", "script", "num_envs", "iteration (ms)", "env step", "policy (forward + sampling)",
-                  "update (advantages + epochs)", "rest (overhead)", "overhead <= 10%"]
-        rows = [[r["device"], r["script"], str(r["num_envs"]), f"{1e3 * r['total']:.1f}",
-                 *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
-                 "yes" if r["rest"] <= 0.1 * r["total"] else "no"] for r in data["breakdown"]]
-        parts += [f"**Where an iteration's time goes** (eager; mean over {data['iterations'] - data['skip']} "
-                  "iterations of the real training loop; rest = the iteration minus the other three):", "",
-                  md_table(header, rows), ""]
+        header = [
+            "device",
+            "script",
+            "num_envs",
+            "iteration (ms)",
+            "env step",
+            "policy (forward + sampling)",
+            "update (advantages + epochs)",
+            "rest (overhead)",
+            "overhead <= 10%",
+        ]
+        rows = [
+            [
+                r["device"],
+                r["script"],
+                str(r["num_envs"]),
+                f"{1e3 * r['total']:.1f}",
+                *[f"{1e3 * r[p]:.1f} ms ({100 * r[p] / r['total']:.0f}%)" for p in PHASES],
+                "yes" if r["rest"] <= 0.1 * r["total"] else "no",
+            ]
+            for r in data["breakdown"]
+        ]
+        parts += [
+            f"**Where an iteration's time goes** (eager; mean over {data['iterations'] - data['skip']} "
+            "iterations of the real training loop; rest = the iteration minus the other three):",
+            "",
+            md_table(header, rows),
+            "",
+        ]
     if data.get("gym"):
         parts += gym_tables(data["gym"])
     return "\n".join(parts)
@@ -660,16 +848,26 @@ def plot(data: dict, path: Path) -> None:
         if part == "env":
             for key in dict.fromkeys((r["device"], r["threads"]) for r in data["env"]):
                 rs = [r for r in data["env"] if (r["device"], r["threads"]) == key]
-                ax.plot([r["num_envs"] for r in rs], [r["steps_per_s"] for r in rs], marker="o",
-                        label=f"{key[0]}, {key[1]} thread(s)" if key[0] == "cpu" else key[0])
+                ax.plot(
+                    [r["num_envs"] for r in rs],
+                    [r["steps_per_s"] for r in rs],
+                    marker="o",
+                    label=f"{key[0]}, {key[1]} thread(s)" if key[0] == "cpu" else key[0],
+                )
             ax.set(title="PushCubeRL env-only", ylabel="env steps/s")
         elif part == "train":
             for i, key in enumerate(dict.fromkeys((r["device"], r["script"]) for r in data["train"])):
                 rs = [r for r in data["train"] if (r["device"], r["script"]) == key]
                 for mode, style in (("eager", "-"), ("compile", "--")):
                     if mode in rs[0]:
-                        ax.plot([r["num_envs"] for r in rs], [r[mode]["steady_sps"] for r in rs], style, marker="o",
-                                color=f"C{i}", label=f"{key[1]} ({key[0]}, {mode})")
+                        ax.plot(
+                            [r["num_envs"] for r in rs],
+                            [r[mode]["steady_sps"] for r in rs],
+                            style,
+                            marker="o",
+                            color=f"C{i}",
+                            label=f"{key[1]} ({key[0]}, {mode})",
+                        )
             ax.set(title=f"training SPS, {data['threads']} thread(s)", ylabel="env steps/s (steady state)")
         else:
             labels = [f"{r['script']}\n{r['device']}, {r['num_envs']} envs" for r in data["breakdown"]]
@@ -697,13 +895,17 @@ def plot(data: dict, path: Path) -> None:
 
 
 def report(data: dict, image: str) -> str:
-    header = [f"Speed suite, {data['finished']}, {data['total_wall_s'] / 60:.1f} min in all.", "",
-              f"- command: `{data['invocation']}`",
-              f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-              f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-              f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-              f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
-              "", *([f"![speed]({image})", ""] if image else [])]
+    header = [
+        f"Speed suite, {data['finished']}, {data['total_wall_s'] / 60:.1f} min in all.",
+        "",
+        f"- command: `{data['invocation']}`",
+        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
+        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
+        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        "",
+        *([f"![speed]({image})", ""] if image else []),
+    ]
     return "\n".join(header) + "\n" + tables(data)
 
 
@@ -724,14 +926,23 @@ def main(args: Args) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    data = {"invocation": "uv run python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
-            "machine": machine_info(), "versions": package_versions(), "git": git_info(), "threads": args.threads,
-            "iterations": args.iterations, "skip": args.skip}
+    data = {
+        "invocation": "uv run python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_info(),
+        "threads": args.threads,
+        "iterations": args.iterations,
+        "skip": args.skip,
+    }
     measure = {"env": measure_env, "train": measure_training, "breakdown": measure_breakdown, "gym": measure_gym}
     for part in args.parts:
         data[part] = measure[part](args)
-    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
-                load_avg_end=machine_info()["load_avg_1_5_15"])
+    data.update(
+        total_wall_s=round(time.time() - start, 1),
+        finished=time.strftime("%Y-%m-%d %H:%M"),
+        load_avg_end=machine_info()["load_avg_1_5_15"],
+    )
     (out / "speed.json").write_text(json.dumps(data, indent=1) + "\n")
     write_outputs(data, out, kind, args.results_md)
 

@@ -79,12 +79,39 @@ def steady_sps(run_dir: Path, skip: int) -> tuple[float, int]:
 def commands(args: Args, out_dir: Path, script: str, cleanrl_script: str = "") -> list[str]:
     """The command line of one run: CleanRL's script (it writes runs/ under its working directory) or ours."""
     if script == "cleanrl":
-        return [args.cleanrl_python, cleanrl_script, "--env-id", args.env_id, "--total-timesteps",
-                str(args.total_timesteps), "--seed", "1", "--cuda", "False"]
-    flags = merge_flags(read_flags(BENCH / "configs" / "ppo_continuous__HalfCheetah-v5.txt"),
-                        ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1",
-                         "--eval-freq", "0", "--save-freq", "0", "--num-eval-envs", "1", "--num-eval-episodes", "1",
-                         "--output-dir", str(out_dir)])
+        return [
+            args.cleanrl_python,
+            cleanrl_script,
+            "--env-id",
+            args.env_id,
+            "--total-timesteps",
+            str(args.total_timesteps),
+            "--seed",
+            "1",
+            "--cuda",
+            "False",
+        ]
+    flags = merge_flags(
+        read_flags(BENCH / "configs" / "ppo_continuous__HalfCheetah-v5.txt"),
+        [
+            "--env-id",
+            args.env_id,
+            "--total-timesteps",
+            str(args.total_timesteps),
+            "--seed",
+            "1",
+            "--eval-freq",
+            "0",
+            "--save-freq",
+            "0",
+            "--num-eval-envs",
+            "1",
+            "--num-eval-episodes",
+            "1",
+            "--output-dir",
+            str(out_dir),
+        ],
+    )
     return [sys.executable, str(REPO / "cleanrl_embodied" / "ppo_continuous.py"), *flags]
 
 
@@ -92,8 +119,9 @@ def run_one(args: Args, script: str, cleanrl_script: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
         start = time.perf_counter()
-        proc = subprocess.run(commands(args, Path(tmp) / "runs", script, cleanrl_script), cwd=tmp, env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            commands(args, Path(tmp) / "runs", script, cleanrl_script), cwd=tmp, env=env, capture_output=True, text=True
+        )
         process_s = time.perf_counter() - start
         if proc.returncode:
             tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
@@ -104,33 +132,52 @@ def run_one(args: Args, script: str, cleanrl_script: str) -> dict:
 
 
 def report(data: dict) -> str:
-    rows = [[str(p["pair"]), f"{p['ours']['steady_sps']:.0f}", f"{p['cleanrl']['steady_sps']:.0f}",
-             f"{p['ours']['steady_sps'] / p['cleanrl']['steady_sps']:.2f}x",
-             f"{p['ours']['process_s']:.1f} / {p['cleanrl']['process_s']:.1f}"] for p in data["pairs"]]
+    rows = [
+        [
+            str(p["pair"]),
+            f"{p['ours']['steady_sps']:.0f}",
+            f"{p['cleanrl']['steady_sps']:.0f}",
+            f"{p['ours']['steady_sps'] / p['cleanrl']['steady_sps']:.2f}x",
+            f"{p['ours']['process_s']:.1f} / {p['cleanrl']['process_s']:.1f}",
+        ]
+        for p in data["pairs"]
+    ]
     ratios = [p["ours"]["steady_sps"] / p["cleanrl"]["steady_sps"] for p in data["pairs"]]
     a = data["args"]
-    return "\n".join([
-        f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: our `ppo_continuous.py` "
-        f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, Gymnasium "
-        f"{data['cleanrl_gymnasium']}, torch {data['cleanrl_torch']}) on {a['env_id']} with CleanRL's MuJoCo "
-        f"settings, {a['total_timesteps']:,} steps per run, one thread each, alternating; steady-state env steps/s "
-        f"after {a['skip']} iterations.", "",
-        f"- command: `uv run python benchmarks/vs_cleanrl.py --cleanrl-python <venv>/bin/python --pairs {a['pairs']} "
-        f"--total-timesteps {a['total_timesteps']}`",
-        f"- machine: {describe_machine(data['machine'])}",
-        f"- versions (ours): {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}", "",
-        md_table(["pair", "ours (SPS)", "CleanRL (SPS)", "ours / CleanRL", "whole process (s), ours / CleanRL"], rows),
-        "", f"Median ratio over {len(ratios)} pairs: **{statistics.median(ratios):.2f}x** CleanRL's training speed "
-        f"(above 1: ours is faster)."])
+    return "\n".join(
+        [
+            f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: our `ppo_continuous.py` "
+            f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, Gymnasium "
+            f"{data['cleanrl_gymnasium']}, torch {data['cleanrl_torch']}) on {a['env_id']} with CleanRL's MuJoCo "
+            f"settings, {a['total_timesteps']:,} steps per run, one thread each, alternating; steady-state env steps/s "
+            f"after {a['skip']} iterations.",
+            "",
+            f"- command: `uv run python benchmarks/vs_cleanrl.py --cleanrl-python <venv>/bin/python --pairs {a['pairs']} "
+            f"--total-timesteps {a['total_timesteps']}`",
+            f"- machine: {describe_machine(data['machine'])}",
+            f"- versions (ours): {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
+            f"- git: {data['git']['git_sha']}",
+            "",
+            md_table(
+                ["pair", "ours (SPS)", "CleanRL (SPS)", "ours / CleanRL", "whole process (s), ours / CleanRL"], rows
+            ),
+            "",
+            f"Median ratio over {len(ratios)} pairs: **{statistics.median(ratios):.2f}x** CleanRL's training speed "
+            f"(above 1: ours is faster).",
+        ]
+    )
 
 
 def main(args: Args) -> dict:
     if not args.cleanrl_python or not Path(args.cleanrl_python).is_file():
-        sys.exit(f"error: --cleanrl-python must be the python of a venv with cleanrl and Gymnasium 0.29 (see "
-                 f"benchmarks/vs_cleanrl.py's docstring), got {args.cleanrl_python!r}")
-    probe_code = ("import cleanrl, gymnasium, torch, importlib.metadata as m; print(m.version('cleanrl'), "
-                  "gymnasium.__version__, torch.__version__, list(cleanrl.__path__)[0])")
+        sys.exit(
+            f"error: --cleanrl-python must be the python of a venv with cleanrl and Gymnasium 0.29 (see "
+            f"benchmarks/vs_cleanrl.py's docstring), got {args.cleanrl_python!r}"
+        )
+    probe_code = (
+        "import cleanrl, gymnasium, torch, importlib.metadata as m; print(m.version('cleanrl'), "
+        "gymnasium.__version__, torch.__version__, list(cleanrl.__path__)[0])"
+    )
     probe = subprocess.run([args.cleanrl_python, "-c", probe_code], capture_output=True, text=True)
     if probe.returncode:
         sys.exit(f"error: --cleanrl-python {args.cleanrl_python}: cannot import cleanrl and gymnasium there")
@@ -140,9 +187,17 @@ def main(args: Args) -> dict:
     for i in range(args.pairs):
         order = ("ours", "cleanrl") if i % 2 == 0 else ("cleanrl", "ours")
         pairs.append({"pair": i + 1, **{script: run_one(args, script, cleanrl_script) for script in order}})
-    data = {"args": vars(args), "pairs": pairs, "cleanrl_version": cleanrl_version,
-            "cleanrl_gymnasium": cleanrl_gymnasium, "cleanrl_torch": cleanrl_torch, "machine": machine_info(),
-            "versions": package_versions(), "git": git_info(), "finished": time.time()}
+    data = {
+        "args": vars(args),
+        "pairs": pairs,
+        "cleanrl_version": cleanrl_version,
+        "cleanrl_gymnasium": cleanrl_gymnasium,
+        "cleanrl_torch": cleanrl_torch,
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_info(),
+        "finished": time.time(),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vs_cleanrl.json").write_text(json.dumps(data, indent=1))

@@ -101,10 +101,22 @@ class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                               "learning_rate", "adv_eps", "gamma"),
-               non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"), at_most_one=("gamma",),
-               files=("ref_checkpoint",))
+    check_args(
+        args,
+        positive=(
+            "num_envs",
+            "num_steps",
+            "total_timesteps",
+            "num_minibatches",
+            "update_epochs",
+            "learning_rate",
+            "adv_eps",
+            "gamma",
+        ),
+        non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"),
+        at_most_one=("gamma",),
+        files=("ref_checkpoint",),
+    )
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
 
@@ -141,10 +153,16 @@ def make_agent(envs, args: Args) -> nn.Module:
     `dist(obs)` is a per-dimension Normal-like distribution: `log_prob(action).sum(-1)` is the action's."""
     if args.policy is None:
         if not isinstance(envs.single_observation_space, gym.spaces.Box):
-            fail(f"--env-id {args.env_id}: the built-in actor is an MLP on flat observations, these are "
-                 f"{type(envs.single_observation_space).__name__}; pass --policy module:factory (docs/POLICIES.md)")
-        return Actor(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], args.hidden_sizes,
-                     args.init_logstd)
+            fail(
+                f"--env-id {args.env_id}: the built-in actor is an MLP on flat observations, these are "
+                f"{type(envs.single_observation_space).__name__}; pass --policy module:factory (docs/POLICIES.md)"
+            )
+        return Actor(
+            envs.single_observation_space.shape[0],
+            envs.single_action_space.shape[0],
+            args.hidden_sizes,
+            args.init_logstd,
+        )
     return build_policy(args, envs, needs=("dist",))
 
 
@@ -198,16 +216,19 @@ def group_advantages(
     count = alive.sum(-1, keepdim=True)
     mean = r.sum(-1, keepdim=True) / count.clamp_min(1)
     centred = torch.where(alive, r - mean, 0.0)
-    spread = (torch.where(alive, r, -torch.inf).amax(-1, keepdim=True)
-              - torch.where(alive, r, torch.inf).amin(-1, keepdim=True))
+    spread = torch.where(alive, r, -torch.inf).amax(-1, keepdim=True) - torch.where(alive, r, torch.inf).amin(
+        -1, keepdim=True
+    )
     zero = (count < 2) | ~(spread > 0)  # exact ties: the mean's rounding must not become a signal
     dof = torch.where(zero, 0, count - 1).sum(0, keepdim=True)  # [1, groups, 1]
     sq = torch.where(zero, 0.0, centred * centred).sum((0, 2), keepdim=True)
     std = (sq / dof.clamp_min(1)).sqrt()
     adv = torch.where(zero, 0.0, centred / (std + eps) if scale else centred)
     live, has = count >= 1, dof > 0
-    return adv.reshape(T, N), TensorDict(zero_adv_group_frac=(zero & live).sum() / live.sum().clamp_min(1),
-                                         mean_group_std=torch.where(has, std, 0.0).sum() / has.sum().clamp_min(1))
+    return adv.reshape(T, N), TensorDict(
+        zero_adv_group_frac=(zero & live).sum() / live.sum().clamp_min(1),
+        mean_group_std=torch.where(has, std, 0.0).sum() / has.sum().clamp_min(1),
+    )
 
 
 def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
@@ -235,9 +256,17 @@ def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, T
     kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
     loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
     with torch.no_grad():
-        stats = TensorDict(policy_loss=pg, entropy=entropy, kl_ref=kl_ref, old_approx_kl=total(-logratio),
-                           approx_kl=total((ratio - 1) - logratio),
-                           clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float())) / n_alive
+        stats = (
+            TensorDict(
+                policy_loss=pg,
+                entropy=entropy,
+                kl_ref=kl_ref,
+                old_approx_kl=total(-logratio),
+                approx_kl=total((ratio - 1) - logratio),
+                clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
+            )
+            / n_alive
+        )
     return loss, stats
 
 
@@ -250,14 +279,34 @@ def group_reset(envs, args: Args, iteration: int) -> torch.Tensor:
         fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
-def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Module, optimizer, envs,
-                     evaluator: Evaluator, iteration: int, global_step: int, num_iterations: int) -> None:
+def save_checkpoints(
+    paths: list,
+    args: Args,
+    actor: nn.Module,
+    ref_actor: nn.Module,
+    optimizer,
+    envs,
+    evaluator: Evaluator,
+    iteration: int,
+    global_step: int,
+    num_iterations: int,
+) -> None:
     """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
-    state = {"script": "grpo", "args": dataclasses.asdict(args), "model": actor.state_dict(),
-             "ref_model": ref_actor.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-             "global_step": global_step, "num_iterations": num_iterations,
-             "best_key": list(evaluator.best_key), "obs_dim": flat_dim(envs.single_observation_space),
-             "act_dim": envs.single_action_space.shape[0], "rng": rng_state(), "env_state": env_state_dict(envs)}
+    state = {
+        "script": "grpo",
+        "args": dataclasses.asdict(args),
+        "model": actor.state_dict(),
+        "ref_model": ref_actor.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "num_iterations": num_iterations,
+        "best_key": list(evaluator.best_key),
+        "obs_dim": flat_dim(envs.single_observation_space),
+        "act_dim": envs.single_action_space.shape[0],
+        "rng": rng_state(),
+        "env_state": env_state_dict(envs),
+    }
     for path in paths:
         atomic_save(state, path)
 
@@ -265,11 +314,13 @@ def save_checkpoints(paths: list, args: Args, actor: nn.Module, ref_actor: nn.Mo
 def main(args: Args) -> dict:
     validate(args)
     same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")
-    ckpt, ckpt_flag = load_start(args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate",
-                                                                    "anneal_lr"))
+    ckpt, ckpt_flag = load_start(
+        args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr")
+    )
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
-    ref_ckpt = load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) \
-        if args.ref_checkpoint else None
+    ref_ckpt = (
+        load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) if args.ref_checkpoint else None
+    )
     if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
         fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
     seed_everything(args.seed, args.torch_deterministic)
@@ -289,15 +340,19 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         logger = RunLogger("grpo", args)
         return Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video).run_checkpoint(
-            act, ckpt, args.eval_checkpoint)
+            act, ckpt, args.eval_checkpoint
+        )
 
     envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])
     next_obs = group_reset(envs, args, start_iteration)  # first of all: can the env give groups identical starts?
-    horizon = args.num_steps or (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
-        envs.unwrapped, "max_episode_steps", None)
+    horizon = (
+        args.num_steps
+        or (envs.spec.max_episode_steps if envs.spec is not None else None)
+        or getattr(envs.unwrapped, "max_episode_steps", None)
+    )
     if not horizon:
         fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
     batch_size = args.num_envs * horizon
@@ -315,16 +370,23 @@ def main(args: Args) -> dict:
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
         note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         set_rng_state(ckpt["rng"])
-    logger.write(f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
-                 f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
+    logger.write(
+        f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
+        f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
+    )
     policy, advantages_fn, loss_fn = policy_step, group_advantages, grpo_loss
     if args.compile:
         policy, advantages_fn, loss_fn = torch.compile(policy), torch.compile(advantages_fn), torch.compile(loss_fn)
 
     storage = rollout_storage(
-        horizon, args.num_envs, device,
-        obs=envs.single_observation_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
-        reward=((), torch.float32), done=((), torch.bool),
+        horizon,
+        args.num_envs,
+        device,
+        obs=envs.single_observation_space,
+        action=((act_dim,), torch.float32),
+        logprob=((), torch.float32),
+        reward=((), torch.float32),
+        done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     iteration, eval_result = start_iteration - 1, None
@@ -364,8 +426,11 @@ def main(args: Args) -> dict:
 
             # ---- group-relative advantages (critic-free) ----
             with torch.no_grad():
-                mask = first_episode_mask(storage["done"]) if args.truncate_at_first_done \
+                mask = (
+                    first_episode_mask(storage["done"])
+                    if args.truncate_at_first_done
                     else torch.ones_like(storage["done"])
+                )
                 returns = returns_to_go(storage["reward"], storage["done"], args.gamma)
                 advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
                 batch = storage.select("obs", "action", "logprob").reshape(-1)
@@ -393,15 +458,26 @@ def main(args: Args) -> dict:
             sps = (global_step - start_step) / (time.time() - start_time)
             means = torch.stack(update_stats).mean(0).items() if update_stats else ()
             scalars = {("grpo/" if k == "kl_ref" else "losses/") + k: v for k, v in means}
-            scalars.update({"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                            "charts/skipped_updates": guard.skipped, "grpo/mask_frac": mask.float().mean(),
-                            "grpo/finished_frac": (~alive).float().mean(), **rollout_stats.scalars(),
-                            **{f"grpo/{k}": v for k, v in adv_stats.items()}})
+            scalars.update(
+                {
+                    "charts/SPS": sps,
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    "charts/skipped_updates": guard.skipped,
+                    "grpo/mask_frac": mask.float().mean(),
+                    "grpo/finished_frac": (~alive).float().mean(),
+                    **rollout_stats.scalars(),
+                    **{f"grpo/{k}": v for k, v in adv_stats.items()},
+                }
+            )
             if rollout_stats.has_success:  # every env counts: its first episode succeeded within the horizon or not
                 scalars["charts/success_rate"] = success.float().mean()
             logger.log(scalars, global_step)
-            logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                            succ=logger.latest.get("charts/success_rate"))
+            logger.progress(
+                global_step,
+                SPS=sps,
+                ret=logger.latest.get("charts/episodic_return"),
+                succ=logger.latest.get("charts/success_rate"),
+            )
 
             # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes); the last
             # iteration evaluates (unless stopped) and writes last.pt
@@ -416,8 +492,18 @@ def main(args: Args) -> dict:
                 next_save = iteration + args.save_freq
                 names += ["last.pt", f"iter_{iteration:06d}.pt"]
             if names:  # assembling a checkpoint copies the env state to the host: only when one is written
-                save_checkpoints([logger.checkpoint_dir / n for n in dict.fromkeys(names)], args, actor, ref_actor,
-                                 optimizer, envs, evaluator, iteration, global_step, num_iterations)
+                save_checkpoints(
+                    [logger.checkpoint_dir / n for n in dict.fromkeys(names)],
+                    args,
+                    actor,
+                    ref_actor,
+                    optimizer,
+                    envs,
+                    evaluator,
+                    iteration,
+                    global_step,
+                    num_iterations,
+                )
             if stopping:
                 break
 

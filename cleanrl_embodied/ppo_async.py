@@ -113,10 +113,23 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                               "learning_rate", "clip_obs", "clip_reward", "gamma"),
-               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_staleness"),
-               at_most_one=("gamma", "gae_lambda"), minibatches_of=args.num_envs * args.num_steps)
+    check_args(
+        args,
+        positive=(
+            "num_envs",
+            "num_steps",
+            "total_timesteps",
+            "num_minibatches",
+            "update_epochs",
+            "learning_rate",
+            "clip_obs",
+            "clip_reward",
+            "gamma",
+        ),
+        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_staleness"),
+        at_most_one=("gamma", "gae_lambda"),
+        minibatches_of=args.num_envs * args.num_steps,
+    )
 
 
 class RunningMeanStd(nn.Module):
@@ -172,8 +185,11 @@ class Agent(nn.Module):
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
         if self.norm_obs:
-            state = ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()).clamp(-self.clip_obs,
-                                                                                           self.clip_obs).float()
+            state = (
+                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
+                .clamp(-self.clip_obs, self.clip_obs)
+                .float()
+            )
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
@@ -217,8 +233,13 @@ def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, det
 
 
 def compute_gae(
-    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
-    terminated: torch.Tensor, dones: torch.Tensor, gamma: float, gae_lambda: float,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over a [T, N] rollout.
 
@@ -256,14 +277,20 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-                           old_approx_kl=(-logratio).mean(), approx_kl=((ratio - 1) - logratio).mean(),
-                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        stats = TensorDict(
+            policy_loss=pg_loss,
+            value_loss=v_loss,
+            entropy=entropy,
+            old_approx_kl=(-logratio).mean(),
+            approx_kl=((ratio - 1) - logratio).mean(),
+            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+        )
     return loss, stats
 
 
-def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd,
-                  gamma: float, clip: float) -> torch.Tensor:
+def scale_rewards(
+    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
+) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
     env's discounted return so far and is updated in place (it restarts after episode ends)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
@@ -349,10 +376,17 @@ class Collector:
     def state(self) -> dict:
         """What a resume needs from this side, rollouts collected but not yet learned from included; call only
         while paused."""
-        return {"next_index": self.next_index, "next_obs": saveable(self.next_obs),
-                "generator": self.generator.get_state(), "env_state": env_state_dict(self.envs),
-                "snapshots": dict(self.snapshots), "pending": [{**item, "data": item["data"].to_dict(),
-                "next_obs": saveable(item["next_obs"])} for item in list(self.rollouts.queue)]}
+        return {
+            "next_index": self.next_index,
+            "next_obs": saveable(self.next_obs),
+            "generator": self.generator.get_state(),
+            "env_state": env_state_dict(self.envs),
+            "snapshots": dict(self.snapshots),
+            "pending": [
+                {**item, "data": item["data"].to_dict(), "next_obs": saveable(item["next_obs"])}
+                for item in list(self.rollouts.queue)
+            ],
+        }
 
     def load_state(self, state: dict) -> None:
         """Continue from the rollout boundary `state()` was taken at (before the thread starts)."""
@@ -365,8 +399,15 @@ class Collector:
         self.rollouts = queue.Queue(maxsize=max(self.args.max_staleness + 1, len(pending)))  # a resume may lower K
         for item in pending:
             item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
-            self.rollouts.put_nowait({**item, "next_obs": from_saved(item["next_obs"], device), "data": TensorDict(
-                item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device)})
+            self.rollouts.put_nowait(
+                {
+                    **item,
+                    "next_obs": from_saved(item["next_obs"], device),
+                    "data": TensorDict(
+                        item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device
+                    ),
+                }
+            )
 
     # ---- collector thread ----
     def _run(self) -> None:
@@ -400,10 +441,17 @@ class Collector:
         args, device = self.args, self.next_obs.device
         obs_space, act_dim = self.envs.single_observation_space, self.envs.single_action_space.shape[0]
         data = rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
-            args.num_steps, args.num_envs, device,
-            obs=obs_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
-            final_obs=obs_space, reward=((), torch.float32), terminated=((), torch.bool),
-            done=((), torch.bool), version=((), torch.long),
+            args.num_steps,
+            args.num_envs,
+            device,
+            obs=obs_space,
+            action=((act_dim,), torch.float32),
+            logprob=((), torch.float32),
+            final_obs=obs_space,
+            reward=((), torch.float32),
+            terminated=((), torch.bool),
+            done=((), torch.bool),
+            version=((), torch.long),
         )
         stats, watch, start = RolloutStats(device), NonFiniteWatch(args.num_envs, device), time.time()
         for step in range(args.num_steps):
@@ -422,16 +470,26 @@ class Collector:
                 stats.add_episodes(info)
         watch.update_rollout(data["obs"], self.next_obs, data["reward"])
         data["version"].fill_(version)  # every transition carries the policy version that produced it
-        return {"index": self.next_index, "version": version, "data": data, "next_obs": self.next_obs,
-                "stats": stats, "watch": watch, "start": start, "end": time.time()}
+        return {
+            "index": self.next_index,
+            "version": version,
+            "data": data,
+            "next_obs": self.next_obs,
+            "stats": stats,
+            "watch": watch,
+            "start": start,
+            "end": time.time(),
+        }
 
 
 def main(args: Args) -> dict:
     validate(args)
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
-        args, ["ppo_async"],  # layout, the reward trace's meaning and the LR schedule's base
+        args,
+        ["ppo_async"],  # layout, the reward trace's meaning and the LR schedule's base
         same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
-        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"))
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
+    )
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
@@ -471,16 +529,30 @@ def main(args: Args) -> dict:
         if ckpt["collector"]["env_state"] is not None:  # else fresh episodes, and fresh reward traces
             reward_trace.copy_(ckpt["reward_trace"])
     collector.publish(consumed, version, agent)
-    logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations="
-                 f"{num_iterations} start={consumed + 1} max_staleness={args.max_staleness} run_dir={logger.run_dir}")
+    logger.write(
+        f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations="
+        f"{num_iterations} start={consumed + 1} max_staleness={args.max_staleness} run_dir={logger.run_dir}"
+    )
 
     def save_checkpoint(name: str) -> str:  # only while the collector is paused: both sides at one point
-        state = {"script": "ppo_async", "args": dataclasses.asdict(args), "model": agent.state_dict(),
-                 "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(),
-                 "reward_trace": reward_trace, "iteration": consumed, "version": version, "global_step": global_step,
-                 "dropped": dropped, "num_iterations": num_iterations,
-                 "best_key": list(evaluator.best_key), "obs_dim": obs_dim, "act_dim": act_dim, "rng": rng_state(),
-                 "collector": collector.state()}
+        state = {
+            "script": "ppo_async",
+            "args": dataclasses.asdict(args),
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "reward_rms": reward_rms.state_dict(),
+            "reward_trace": reward_trace,
+            "iteration": consumed,
+            "version": version,
+            "global_step": global_step,
+            "dropped": dropped,
+            "num_iterations": num_iterations,
+            "best_key": list(evaluator.best_key),
+            "obs_dim": obs_dim,
+            "act_dim": act_dim,
+            "rng": rng_state(),
+            "collector": collector.state(),
+        }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     eval_result, checkpoint, stats, timeline = None, None, None, []
@@ -502,8 +574,9 @@ def main(args: Args) -> dict:
                 with torch.no_grad():  # the reward scale follows every rollout in order, dropped ones too
                     rewards = data["reward"]
                     if args.norm_reward:
-                        rewards = scale_rewards(rewards, data["done"], reward_trace, reward_rms, args.gamma,
-                                                args.clip_reward)
+                        rewards = scale_rewards(
+                            rewards, data["done"], reward_trace, reward_rms, args.gamma, args.clip_reward
+                        )
                 if staleness > args.max_staleness:  # only after a resume with a smaller --max-staleness
                     dropped += 1
                 else:
@@ -513,19 +586,23 @@ def main(args: Args) -> dict:
                         values = value_of(data["obs"])
                         next_values = torch.cat([values[1:], agent.get_value(item["next_obs"])[None]])
                         next_values = torch.where(data["done"], value_of(data["final_obs"]), next_values)
-                        advantages, returns = gae(rewards, values, next_values, data["terminated"], data["done"],
-                                                  args.gamma, args.gae_lambda)
+                        advantages, returns = gae(
+                            rewards, values, next_values, data["terminated"], data["done"], args.gamma, args.gae_lambda
+                        )
 
                     # ---- PPO update; the ratio is taken against the behaviour log-prob stored with the data
                     batch = data.select("obs", "action", "logprob").reshape(-1)
                     batch["value"], batch["advantages"], batch["returns"] = (
-                        values.reshape(-1), advantages.reshape(-1), returns.reshape(-1))
+                        values.reshape(-1),
+                        advantages.reshape(-1),
+                        returns.reshape(-1),
+                    )
                     update_stats = []  # statistics of the applied minibatch steps, averaged for logging
                     for _epoch in range(args.update_epochs):
                         perm = torch.randperm(batch_size, device=device)
                         epoch_kl = []
                         for start in range(0, batch_size, minibatch_size):
-                            loss, mb_stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
+                            loss, mb_stats = loss_fn(agent, batch[perm[start : start + minibatch_size]], args)
                             optimizer.zero_grad(set_to_none=True)
                             loss.backward()
                             grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -534,8 +611,11 @@ def main(args: Args) -> dict:
                             optimizer.step()
                             epoch_kl.append(mb_stats["approx_kl"])
                             update_stats.append(mb_stats)
-                        if (args.target_kl is not None and epoch_kl
-                                and float(torch.stack(epoch_kl).mean()) > args.target_kl):
+                        if (
+                            args.target_kl is not None
+                            and epoch_kl
+                            and float(torch.stack(epoch_kl).mean()) > args.target_kl
+                        ):
                             break
                     stats = torch.stack(update_stats).mean(0) if update_stats else stats
                     if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
@@ -544,23 +624,40 @@ def main(args: Args) -> dict:
                 consumed, global_step = consumed + 1, global_step + batch_size  # the rollout is learned from
                 update_end = time.time()  # before publishing, so a waiting collector starts after it
                 collector.publish(consumed, version, agent)
-                timeline.append({"index": item["index"], "behaviour_version": item["version"],
-                                 "learner_version": used_version, "dropped": staleness > args.max_staleness,
-                                 "collect": (item["start"], item["end"]), "update": (update_start, update_end)})
+                timeline.append(
+                    {
+                        "index": item["index"],
+                        "behaviour_version": item["version"],
+                        "learner_version": used_version,
+                        "dropped": staleness > args.max_staleness,
+                        "collect": (item["start"], item["end"]),
+                        "update": (update_start, update_end),
+                    }
+                )
 
                 # ---- logging: one host sync per iteration ----
                 sps = (global_step - start_step) / (time.time() - start_time)
-                scalars = {"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                           "charts/skipped_updates": guard.skipped, "charts/policy_staleness": staleness,
-                           "charts/dropped_rollouts": dropped, "charts/learner_wait_s": wait_s,
-                           **item["stats"].scalars()}
+                scalars = {
+                    "charts/SPS": sps,
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    "charts/skipped_updates": guard.skipped,
+                    "charts/policy_staleness": staleness,
+                    "charts/dropped_rollouts": dropped,
+                    "charts/learner_wait_s": wait_s,
+                    **item["stats"].scalars(),
+                }
                 if stats is not None:
                     scalars.update({f"losses/{k}": v for k, v in stats.items()})
                     scalars["losses/explained_variance"] = 1 - (batch["returns"] - batch["value"]).var() / (
-                        batch["returns"].var().clamp_min(1e-8))
+                        batch["returns"].var().clamp_min(1e-8)
+                    )
                 logger.log(scalars, global_step)
-                logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                                succ=logger.latest.get("charts/success_rate"))
+                logger.progress(
+                    global_step,
+                    SPS=sps,
+                    ret=logger.latest.get("charts/episodic_return"),
+                    succ=logger.latest.get("charts/success_rate"),
+                )
 
                 # evaluation and checkpoints see a paused collector (thresholds on the iteration counter)
                 do_eval = args.eval_freq and consumed >= next_eval and consumed < num_iterations
@@ -589,8 +686,15 @@ def main(args: Args) -> dict:
         failed = sys.exc_info()[0] is not None  # consistent one (a crash never overwrites it)
         collector.stop()
         wall = time.time() - start_time
-        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint,
-                      exit_code=int(failed), dropped_rollouts=dropped)
+        logger.finish(
+            global_step,
+            wall,
+            (global_step - start_step) / max(wall, 1e-9),
+            eval_result,
+            checkpoint,
+            exit_code=int(failed),
+            dropped_rollouts=dropped,
+        )
         envs.close()
         eval_envs.close()
     if stop.requested:

@@ -94,10 +94,23 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                               "learning_rate", "clip_obs", "clip_reward", "gamma"),
-               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), at_most_one=("gamma", "gae_lambda"),
-               minibatches_of=args.num_envs * args.num_steps)
+    check_args(
+        args,
+        positive=(
+            "num_envs",
+            "num_steps",
+            "total_timesteps",
+            "num_minibatches",
+            "update_epochs",
+            "learning_rate",
+            "clip_obs",
+            "clip_reward",
+            "gamma",
+        ),
+        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"),
+        at_most_one=("gamma", "gae_lambda"),
+        minibatches_of=args.num_envs * args.num_steps,
+    )
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
         fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither")
 
@@ -155,8 +168,11 @@ class Agent(nn.Module):
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
         if self.norm_obs:
-            state = ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()).clamp(-self.clip_obs,
-                                                                                           self.clip_obs).float()
+            state = (
+                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
+                .clamp(-self.clip_obs, self.clip_obs)
+                .float()
+            )
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
@@ -199,8 +215,13 @@ def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, det
 
 
 def compute_gae(
-    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
-    terminated: torch.Tensor, dones: torch.Tensor, gamma: float, gae_lambda: float,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over a [T, N] rollout.
 
@@ -238,14 +259,20 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-                           old_approx_kl=(-logratio).mean(), approx_kl=((ratio - 1) - logratio).mean(),
-                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        stats = TensorDict(
+            policy_loss=pg_loss,
+            value_loss=v_loss,
+            entropy=entropy,
+            old_approx_kl=(-logratio).mean(),
+            approx_kl=((ratio - 1) - logratio).mean(),
+            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+        )
     return loss, stats
 
 
-def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd,
-                  gamma: float, clip: float) -> torch.Tensor:
+def scale_rewards(
+    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
+) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
     env's discounted return so far and is updated in place (it restarts after episode ends)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
@@ -260,9 +287,11 @@ def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tenso
 def main(args: Args) -> dict:
     validate(args)
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
-        args, ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
+        args,
+        ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
         same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
-        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"))
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
+    )
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
@@ -295,6 +324,7 @@ def main(args: Args) -> dict:
         gae, loss_fn = torch.compile(compute_gae), torch.compile(ppo_loss)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
+
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
     global_step, start_iteration = 0, 1
@@ -310,23 +340,43 @@ def main(args: Args) -> dict:
             next_obs = from_saved(ckpt["next_obs"], device)
             reward_trace.copy_(ckpt["reward_trace"])
         set_rng_state(ckpt["rng"])
-    logger.write(f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
-                 f"iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}")
+    logger.write(
+        f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
+        f"iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
+    )
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
-        state = {"script": "ppo_continuous", "args": dataclasses.asdict(args), "model": agent.state_dict(),
-                 "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(),
-                 "reward_trace": reward_trace, "iteration": iteration, "global_step": global_step,
-                 "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
-                 "obs_dim": obs_dim, "act_dim": act_dim, "rng": rng_state(), "env_state": env_state_dict(envs),
-                 "next_obs": saveable(next_obs)}
+        state = {
+            "script": "ppo_continuous",
+            "args": dataclasses.asdict(args),
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "reward_rms": reward_rms.state_dict(),
+            "reward_trace": reward_trace,
+            "iteration": iteration,
+            "global_step": global_step,
+            "num_iterations": num_iterations,
+            "best_key": list(evaluator.best_key),
+            "obs_dim": obs_dim,
+            "act_dim": act_dim,
+            "rng": rng_state(),
+            "env_state": env_state_dict(envs),
+            "next_obs": saveable(next_obs),
+        }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     storage = rollout_storage(
-        args.num_steps, args.num_envs, device,
-        obs=envs.single_observation_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
-        value=((), torch.float32), final_value=((), torch.float32), reward=((), torch.float32),
-        terminated=((), torch.bool), done=((), torch.bool),
+        args.num_steps,
+        args.num_envs,
+        device,
+        obs=envs.single_observation_space,
+        action=((act_dim,), torch.float32),
+        logprob=((), torch.float32),
+        value=((), torch.float32),
+        final_value=((), torch.float32),
+        reward=((), torch.float32),
+        terminated=((), torch.bool),
+        done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
@@ -364,10 +414,18 @@ def main(args: Args) -> dict:
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
                 rewards = storage["reward"]
                 if args.norm_reward:
-                    rewards = scale_rewards(rewards, storage["done"], reward_trace, reward_rms, args.gamma,
-                                            args.clip_reward)
-                advantages, returns = gae(rewards, storage["value"], next_values, storage["terminated"],
-                                          storage["done"], args.gamma, args.gae_lambda)
+                    rewards = scale_rewards(
+                        rewards, storage["done"], reward_trace, reward_rms, args.gamma, args.clip_reward
+                    )
+                advantages, returns = gae(
+                    rewards,
+                    storage["value"],
+                    next_values,
+                    storage["terminated"],
+                    storage["done"],
+                    args.gamma,
+                    args.gae_lambda,
+                )
 
             # ---- PPO update ----
             batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
@@ -377,7 +435,7 @@ def main(args: Args) -> dict:
                 perm = torch.randperm(batch_size, device=device)
                 epoch_kl = []
                 for start in range(0, batch_size, minibatch_size):
-                    loss, stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
+                    loss, stats = loss_fn(agent, batch[perm[start : start + minibatch_size]], args)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -395,12 +453,22 @@ def main(args: Args) -> dict:
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
             sps = (global_step - start_step) / (time.time() - start_time)
             scalars = {f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()} if update_stats else {}
-            scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps,
-                            "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                            "charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
+            scalars.update(
+                {
+                    "losses/explained_variance": explained_var,
+                    "charts/SPS": sps,
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    "charts/skipped_updates": guard.skipped,
+                    **rollout_stats.scalars(),
+                }
+            )
             logger.log(scalars, global_step)
-            logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                            succ=logger.latest.get("charts/success_rate"))
+            logger.progress(
+                global_step,
+                SPS=sps,
+                ret=logger.latest.get("charts/episodic_return"),
+                succ=logger.latest.get("charts/success_rate"),
+            )
 
             # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
             if args.eval_freq and iteration >= next_eval and iteration < num_iterations:

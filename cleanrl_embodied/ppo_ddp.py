@@ -109,10 +109,25 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
 
 def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
-    check_args(args, positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs",
-                               "learning_rate", "clip_obs", "clip_reward", "gamma", "dist_timeout_s"),
-               non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"), at_most_one=("gamma", "gae_lambda"),
-               minibatches_of=args.num_envs * args.num_steps, show=show)  # each rank's rollout
+    check_args(
+        args,
+        positive=(
+            "num_envs",
+            "num_steps",
+            "total_timesteps",
+            "num_minibatches",
+            "update_epochs",
+            "learning_rate",
+            "clip_obs",
+            "clip_reward",
+            "gamma",
+            "dist_timeout_s",
+        ),
+        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"),
+        at_most_one=("gamma", "gae_lambda"),
+        minibatches_of=args.num_envs * args.num_steps,
+        show=show,
+    )  # each rank's rollout
     cuda = pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
         fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
@@ -178,8 +193,11 @@ class Agent(nn.Module):
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
         if self.norm_obs:
-            state = ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt()).clamp(-self.clip_obs,
-                                                                                           self.clip_obs).float()
+            state = (
+                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
+                .clamp(-self.clip_obs, self.clip_obs)
+                .float()
+            )
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
@@ -222,8 +240,13 @@ def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, det
 
 
 def compute_gae(
-    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
-    terminated: torch.Tensor, dones: torch.Tensor, gamma: float, gae_lambda: float,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over a [T, N] rollout.
 
@@ -261,9 +284,14 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-                           old_approx_kl=(-logratio).mean(), approx_kl=((ratio - 1) - logratio).mean(),
-                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        stats = TensorDict(
+            policy_loss=pg_loss,
+            value_loss=v_loss,
+            entropy=entropy,
+            old_approx_kl=(-logratio).mean(),
+            approx_kl=((ratio - 1) - logratio).mean(),
+            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+        )
     return loss, stats
 
 
@@ -280,8 +308,15 @@ def sync_gradients(params: list[torch.Tensor], world_size: int, loss: torch.Tens
     return flat[-1]
 
 
-def scale_rewards(rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd,
-                  gamma: float, clip: float, world_size: int) -> torch.Tensor:
+def scale_rewards(
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    trace: torch.Tensor,
+    rms: RunningMeanStd,
+    gamma: float,
+    clip: float,
+    world_size: int,
+) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return, merged over all ranks (no mean shift);
     `trace` holds each of this rank's envs' discounted return so far and is updated in place."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
@@ -301,24 +336,31 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
-    return {"env_state": env_state_dict(envs), "next_obs": saveable(next_obs.cpu()), "reward_trace": reward_trace.cpu(),
-            "rng": rng_state()}
+    return {
+        "env_state": env_state_dict(envs),
+        "next_obs": saveable(next_obs.cpu()),
+        "reward_trace": reward_trace.cpu(),
+        "rng": rng_state(),
+    }
 
 
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
-        args, ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
+        args,
+        ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
         same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
         resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
-        read=rank == 0)  # the others get the content from rank 0
+        read=rank == 0,
+    )  # the others get the content from rank 0
     with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
         return train(args, ckpt, ckpt_flag, dist.get_rank(), dist.get_world_size(), device, backend)
 
 
-def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: int, device: torch.device,
-          backend: str) -> dict:
+def train(
+    args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: int, device: torch.device, backend: str
+) -> dict:
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
     num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
@@ -330,8 +372,9 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
 
     # Rank r's envs get seeds seed + r*num_envs (+ i for sub-env i of a Gymnasium id): no two envs of the
     # world share a seed. Rank 0 alone evaluates (fresh starts per evaluation, seeded apart from these).
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 \
-        else None
+    eval_envs = (
+        build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 else None
+    )
     envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device, like=eval_envs)
     obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
@@ -340,8 +383,9 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
     for tensor in agent.state_dict().values():  # every rank starts from rank 0's weights, whatever its RNG did
         dist.broadcast(tensor, src=0)
     logger = RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
-    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 \
-        else None
+    evaluator = (
+        Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 else None
+    )
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
         envs.close()
@@ -363,6 +407,7 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
         gae, loss_fn = torch.compile(compute_gae), torch.compile(ppo_loss)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
+
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
     global_step, start_iteration, resume_note = 0, 1, ""
@@ -388,16 +433,29 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
             rows = from_saved(pieces[0]["next_obs"], "cpu").shape[0]
             resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
     if rank == 0:
-        logger.write(f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
-                     f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
-                     f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger.run_dir}")
+        logger.write(
+            f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
+            f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
+            f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger.run_dir}"
+        )
 
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
-        state = {"script": "ppo_ddp", "args": dataclasses.asdict(args), "model": agent.state_dict(),
-                 "optimizer": optimizer.state_dict(), "reward_rms": reward_rms.state_dict(), "iteration": iteration,
-                 "global_step": global_step, "num_iterations": num_iterations,
-                 "best_key": list(evaluator.best_key), "obs_dim": obs_dim, "act_dim": act_dim,
-                 "world_size": world_size, **pieces[0], "other_ranks": pieces[1:]}
+        state = {
+            "script": "ppo_ddp",
+            "args": dataclasses.asdict(args),
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "reward_rms": reward_rms.state_dict(),
+            "iteration": iteration,
+            "global_step": global_step,
+            "num_iterations": num_iterations,
+            "best_key": list(evaluator.best_key),
+            "obs_dim": obs_dim,
+            "act_dim": act_dim,
+            "world_size": world_size,
+            **pieces[0],
+            "other_ranks": pieces[1:],
+        }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
@@ -406,10 +464,17 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
         return pieces
 
     storage = rollout_storage(
-        args.num_steps, args.num_envs, device,
-        obs=envs.single_observation_space, action=((act_dim,), torch.float32), logprob=((), torch.float32),
-        value=((), torch.float32), final_value=((), torch.float32), reward=((), torch.float32),
-        terminated=((), torch.bool), done=((), torch.bool),
+        args.num_steps,
+        args.num_envs,
+        device,
+        obs=envs.single_observation_space,
+        action=((act_dim,), torch.float32),
+        logprob=((), torch.float32),
+        value=((), torch.float32),
+        final_value=((), torch.float32),
+        reward=((), torch.float32),
+        terminated=((), torch.bool),
+        done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
@@ -456,10 +521,18 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
                 rewards = storage["reward"]
                 if args.norm_reward:
-                    rewards = scale_rewards(rewards, storage["done"], reward_trace, reward_rms, args.gamma,
-                                            args.clip_reward, world_size)
-                advantages, returns = gae(rewards, storage["value"], next_values, storage["terminated"],
-                                          storage["done"], args.gamma, args.gae_lambda)
+                    rewards = scale_rewards(
+                        rewards, storage["done"], reward_trace, reward_rms, args.gamma, args.clip_reward, world_size
+                    )
+                advantages, returns = gae(
+                    rewards,
+                    storage["value"],
+                    next_values,
+                    storage["terminated"],
+                    storage["done"],
+                    args.gamma,
+                    args.gae_lambda,
+                )
 
             # ---- PPO update: each rank its own minibatches, gradients averaged over ranks before each step ----
             batch = storage.select("obs", "action", "logprob", "value").reshape(-1)
@@ -469,7 +542,7 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
                 perm = torch.randperm(batch_size, device=device)
                 epoch_kl = []
                 for start in range(0, batch_size, minibatch_size):
-                    loss, stats = loss_fn(agent, batch[perm[start:start + minibatch_size]], args)
+                    loss, stats = loss_fn(agent, batch[perm[start : start + minibatch_size]], args)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     mean_loss = sync_gradients(params, world_size, loss)
@@ -503,12 +576,22 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
             if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
                 sps = (global_step - start_step) / (time.time() - start_time)
                 scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
-                scalars.update({"losses/explained_variance": summed[-2] / world_size, "charts/SPS": sps,
-                                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                "charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
+                scalars.update(
+                    {
+                        "losses/explained_variance": summed[-2] / world_size,
+                        "charts/SPS": sps,
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                        "charts/skipped_updates": guard.skipped,
+                        **rollout_stats.scalars(),
+                    }
+                )
                 logger.log(scalars, global_step)
-                logger.progress(global_step, SPS=sps, ret=logger.latest.get("charts/episodic_return"),
-                                succ=logger.latest.get("charts/success_rate"))
+                logger.progress(
+                    global_step,
+                    SPS=sps,
+                    ret=logger.latest.get("charts/episodic_return"),
+                    succ=logger.latest.get("charts/success_rate"),
+                )
                 if eval_due:
                     eval_result, is_best = evaluator.run(act, global_step)
                     if is_best:
@@ -529,13 +612,23 @@ def train(args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: 
             if is_best:
                 save_checkpoint("best.pt", pieces)
         wall = time.time() - start_time
-        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint,
-                      world_size=world_size)
+        logger.finish(
+            global_step,
+            wall,
+            (global_step - start_step) / max(wall, 1e-9),
+            eval_result,
+            checkpoint,
+            world_size=world_size,
+        )
         eval_envs.close()
     if stopped:
         sys.exit(130)
-    return {"run_dir": str(logger.run_dir) if rank == 0 else None, "eval": eval_result, "global_step": global_step,
-            "model": agent.state_dict()}
+    return {
+        "run_dir": str(logger.run_dir) if rank == 0 else None,
+        "eval": eval_result,
+        "global_step": global_step,
+        "model": agent.state_dict(),
+    }
 
 
 if __name__ == "__main__":

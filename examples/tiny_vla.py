@@ -116,8 +116,14 @@ class TinyVLA(nn.Module):
 def save_pretrained(model: nn.Module, path: str) -> None:
     """One file: the class as "module:Class", its config as plain types, the weights (weights_only-loadable)."""
     cls = type(model)
-    torch.save({"model_class": f"{cls.__module__}:{cls.__qualname__}",
-                "model_config": dataclasses.asdict(model.config), "state_dict": model.state_dict()}, path)
+    torch.save(
+        {
+            "model_class": f"{cls.__module__}:{cls.__qualname__}",
+            "model_config": dataclasses.asdict(model.config),
+            "state_dict": model.state_dict(),
+        },
+        path,
+    )
 
 
 def load_pretrained(model_path: str) -> nn.Module:
@@ -127,8 +133,10 @@ def load_pretrained(model_path: str) -> nn.Module:
         module_name, _, class_name = blob["model_class"].partition(":")
         cls = getattr(importlib.import_module(module_name), class_name)
     except (OSError, KeyError, TypeError, ImportError, AttributeError, RuntimeError) as e:
-        raise SystemExit(f"error: model_path {model_path!r}: not a loadable pretrained file "
-                         f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+        raise SystemExit(
+            f"error: model_path {model_path!r}: not a loadable pretrained file "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+        ) from None
     model = cls(cls.config_class(**blob["model_config"]))
     model.load_state_dict(blob["state_dict"])
     return model
@@ -139,23 +147,31 @@ def check_spaces(config: TinyVLAConfig, obs_space: gym.Space, act_space: gym.Spa
     want = {"rgb": (3, *config.image_size)} | ({"state": (config.state_dim,)} if config.state_dim else {})
     have = {k: tuple(s.shape) for k, s in obs_space.spaces.items()} if isinstance(obs_space, gym.spaces.Dict) else {}
     if have != want or act_space.shape != (config.action_dim,):
-        raise SystemExit(f"error: {source} expects observations {want} and actions ({config.action_dim},), the env "
-                         f"gives {have or obs_space} and {act_space.shape} (e.g. --env-kwargs "
-                         f"'{{\"obs_mode\": \"rgb\", \"image_size\": {config.image_size[0]}}}')")
+        raise SystemExit(
+            f"error: {source} expects observations {want} and actions ({config.action_dim},), the env "
+            f"gives {have or obs_space} and {act_space.shape} (e.g. --env-kwargs "
+            f'\'{{"obs_mode": "rgb", "image_size": {config.image_size[0]}}}\')'
+        )
 
 
-def make_policy(obs_space: gym.Space, act_space: gym.Space, args, model_path: str | None = None,
-                freeze_encoder: bool = False, **config) -> TinyVLA:
+def make_policy(
+    obs_space: gym.Space,
+    act_space: gym.Space,
+    args,
+    model_path: str | None = None,
+    freeze_encoder: bool = False,
+    **config,
+) -> TinyVLA:
     """`--policy examples.tiny_vla:make_policy`: the pretrained model at `model_path` (its config comes from the
     file), else a fresh one from the env's spaces and `config` (TinyVLAConfig fields). `freeze_encoder`: the
     image encoder gets requires_grad=False, so it gets no gradient and the optimizer leaves it unchanged."""
     if getattr(args, "norm_obs", False):  # images are scaled inside the model; there is no obs_rms to update
-        raise SystemExit("error: --policy examples.tiny_vla:make_policy has no observation normalizer; "
-                         "drop --norm-obs")
+        raise SystemExit("error: --policy examples.tiny_vla:make_policy has no observation normalizer; drop --norm-obs")
     if model_path is not None:
         if config:
-            raise SystemExit(f"error: model_path {model_path!r} fixes the config; drop {sorted(config)} "
-                             "from --policy-kwargs")
+            raise SystemExit(
+                f"error: model_path {model_path!r} fixes the config; drop {sorted(config)} from --policy-kwargs"
+            )
         model = load_pretrained(model_path)
         check_spaces(model.config, obs_space, act_space, f"model_path {model_path!r}")
     else:
@@ -185,8 +201,10 @@ def main() -> None:
     torch.manual_seed(a.seed)
     save_pretrained(TinyVLA(TinyVLAConfig(image_size=(a.image_size, a.image_size), state_dim=a.state_dim)), a.out)
     model = load_pretrained(a.out)
-    obs = {"rgb": torch.randint(0, 256, (a.batch, 3, a.image_size, a.image_size), dtype=torch.uint8),
-           "state": torch.zeros(a.batch, a.state_dim)}
+    obs = {
+        "rgb": torch.randint(0, 256, (a.batch, 3, a.image_size, a.image_size), dtype=torch.uint8),
+        "state": torch.zeros(a.batch, a.state_dim),
+    }
     with torch.no_grad():
         model.dist(obs)  # warm-up
         times = []
@@ -195,8 +213,10 @@ def main() -> None:
             model.dist(obs).sample()
             times.append(time.perf_counter() - start)
     params = sum(p.numel() for p in model.parameters())
-    print(f"wrote {a.out}: {params} parameters; inference {1e3 * sorted(times)[25]:.2f} ms per call "
-          f"(median, batch {a.batch}, {a.image_size}x{a.image_size}, {torch.get_num_threads()} CPU threads)")
+    print(
+        f"wrote {a.out}: {params} parameters; inference {1e3 * sorted(times)[25]:.2f} ms per call "
+        f"(median, batch {a.batch}, {a.image_size}x{a.image_size}, {torch.get_num_threads()} CPU threads)"
+    )
 
 
 if __name__ == "__main__":

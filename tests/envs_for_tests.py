@@ -49,21 +49,40 @@ class PointReach(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, dim: int = 2, dict_obs: bool = False, pixels: bool = False, nan_obs_at_step: int | None = None,
-                 raise_at_step: int | None = None, success_radius: float = 0.1, terminate_at_step: int | None = None,
-                 nan_final_obs: bool = False, record: bool = False):
+    def __init__(
+        self,
+        dim: int = 2,
+        dict_obs: bool = False,
+        pixels: bool = False,
+        nan_obs_at_step: int | None = None,
+        raise_at_step: int | None = None,
+        success_radius: float = 0.1,
+        terminate_at_step: int | None = None,
+        nan_final_obs: bool = False,
+        record: bool = False,
+    ):
         if record:
-            CONSTRUCTED.append({"dim": dim, "nan_obs_at_step": nan_obs_at_step, "raise_at_step": raise_at_step,
-                                "success_radius": success_radius, "terminate_at_step": terminate_at_step,
-                                "nan_final_obs": nan_final_obs})
+            CONSTRUCTED.append(
+                {
+                    "dim": dim,
+                    "nan_obs_at_step": nan_obs_at_step,
+                    "raise_at_step": raise_at_step,
+                    "success_radius": success_radius,
+                    "terminate_at_step": terminate_at_step,
+                    "nan_final_obs": nan_final_obs,
+                }
+            )
         self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
         self.pixels = bool(pixels)
         self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
         self.terminate_at_step, self.nan_final_obs = terminate_at_step, bool(nan_final_obs)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dim,), np.float32)
         box = gym.spaces.Box(-np.inf, np.inf, (self.dim,), np.float32)
-        self.observation_space = (gym.spaces.Dict({"position": box, "offset": box}) if self.dict_obs
-                                  else gym.spaces.Box(-np.inf, np.inf, (2 * self.dim,), np.float32))
+        self.observation_space = (
+            gym.spaces.Dict({"position": box, "offset": box})
+            if self.dict_obs
+            else gym.spaces.Box(-np.inf, np.inf, (2 * self.dim,), np.float32)
+        )
         if self.pixels:
             image = gym.spaces.Box(0, 255, (3, PIXELS, PIXELS), np.uint8)
             self.observation_space = gym.spaces.Dict({"position": box, "pixels": image})
@@ -78,7 +97,7 @@ class PointReach(gym.Env):
             image = np.zeros((3, PIXELS, PIXELS), np.uint8)
             for channel, (x, y) in ((0, self.position[:2]), (1, self.target[:2])):
                 col, row = (int(np.clip((v + 1) / 2 * PIXELS, 0, PIXELS - 1)) for v in (x, y))
-                image[channel, max(row - 2, 0):row + 3, max(col - 2, 0):col + 3] = 255
+                image[channel, max(row - 2, 0) : row + 3, max(col - 2, 0) : col + 3] = 255
             return {"position": position, "pixels": image}
         return {"position": position, "offset": offset} if self.dict_obs else np.concatenate([position, offset])
 
@@ -99,7 +118,8 @@ class PointReach(gym.Env):
         success = distance < self.success_radius
         terminated = success or (self.terminate_at_step is not None and self.episode_steps >= self.terminate_at_step)
         nan = (self.nan_obs_at_step is not None and self.steps_taken == self.nan_obs_at_step) or (
-            self.nan_final_obs and terminated)
+            self.nan_final_obs and terminated
+        )
         return self._obs(nan), -distance, terminated, False, {"success": success}
 
 

@@ -103,20 +103,36 @@ def test_first_crossing():
 # ---- tables from made-up runs ----------------------------------------------------------------------
 def fake_run(script: str, seed: int, success: list[float], final_return: float) -> dict:
     steps = [100_000 * (i + 1) for i in range(len(success))]
-    return {"script": script, "task": "PushCubeRL", "seed": seed, "returncode": 0, "command": "python x.py",
-            "summary": {"global_step": steps[-1], "wall_time_s": 10.0 * seed, "sps": 1000.0 * seed,
-                        "eval": {"success_rate": success[-1], "episodic_return": final_return}},
-            "curves": {"eval/success_rate": {"step": steps, "value": success,
-                                             "time_s": [s / 10_000 for s in steps]},
-                       # 15 training points: 5 early ones at -100, then 10 at final_return - 1 and + 1 alternating
-                       "charts/episodic_return": {"step": list(range(15)), "time_s": list(range(15)), "value":
-                                                  [-100.0] * 5 + [final_return + (-1) ** i for i in range(10)]}}}
+    return {
+        "script": script,
+        "task": "PushCubeRL",
+        "seed": seed,
+        "returncode": 0,
+        "command": "python x.py",
+        "summary": {
+            "global_step": steps[-1],
+            "wall_time_s": 10.0 * seed,
+            "sps": 1000.0 * seed,
+            "eval": {"success_rate": success[-1], "episodic_return": final_return},
+        },
+        "curves": {
+            "eval/success_rate": {"step": steps, "value": success, "time_s": [s / 10_000 for s in steps]},
+            # 15 training points: 5 early ones at -100, then 10 at final_return - 1 and + 1 alternating
+            "charts/episodic_return": {
+                "step": list(range(15)),
+                "time_s": list(range(15)),
+                "value": [-100.0] * 5 + [final_return + (-1) ** i for i in range(10)],
+            },
+        },
+    }
 
 
 def test_task_table_on_made_up_runs():
-    runs = [fake_run("ppo_continuous", 1, [0.0, 0.95, 1.0], -5.0),
-            fake_run("ppo_continuous", 2, [0.5, 0.8, 0.9], -7.0),
-            fake_run("ppo_continuous", 3, [0.1, 0.2, 0.3], -9.0)]
+    runs = [
+        fake_run("ppo_continuous", 1, [0.0, 0.95, 1.0], -5.0),
+        fake_run("ppo_continuous", 2, [0.5, 0.8, 0.9], -7.0),
+        fake_run("ppo_continuous", 3, [0.1, 0.2, 0.3], -9.0),
+    ]
     steps, times = run.threshold_hits(runs, "success_rate", 0.9)
     assert steps == [200_000, 300_000, None] and times == [20.0, 30.0, None]
     table = run.task_table("PushCubeRL", runs)
@@ -142,13 +158,24 @@ def test_compare_scalars_ignores_the_clock_only():
 # ---- flags, configs, markdown ----------------------------------------------------------------------
 def test_read_and_merge_flags(tmp_path):
     path = tmp_path / "f.txt"
-    path.write_text("# comment\n--num-envs 16   # trailing\n--hidden-sizes 64 64\n--norm-obs\n"
-                    "--env-kwargs '{\"a\": 1}'\n")
+    path.write_text(
+        "# comment\n--num-envs 16   # trailing\n--hidden-sizes 64 64\n--norm-obs\n--env-kwargs '{\"a\": 1}'\n"
+    )
     flags = benchlib.read_flags(path)
     assert flags == ["--num-envs", "16", "--hidden-sizes", "64", "64", "--norm-obs", "--env-kwargs", '{"a": 1}']
     merged = benchlib.merge_flags(flags, ["--no-norm-obs", "--num-envs", "8", "--seed", "3"])
-    assert merged == ["--num-envs", "8", "--hidden-sizes", "64", "64", "--no-norm-obs", "--env-kwargs", '{"a": 1}',
-                      "--seed", "3"]
+    assert merged == [
+        "--num-envs",
+        "8",
+        "--hidden-sizes",
+        "64",
+        "64",
+        "--no-norm-obs",
+        "--env-kwargs",
+        '{"a": 1}',
+        "--seed",
+        "3",
+    ]
     assert benchlib.get_flag(merged, "--hidden-sizes") == ["64", "64"] and benchlib.get_flag(merged, "--x") is None
     with pytest.raises(ValueError):
         benchlib.merge_flags(["16", "--num-envs"])
@@ -201,9 +228,25 @@ def test_smoke_suite_end_to_end(tmp_path):
     """2 seeds x PPO x PushCubeRL for 4 iterations, two at a time, then seed 1 again for the determinism check:
     PNG, tables, runs.json."""
     out, md = tmp_path / "smoke", tmp_path / "RESULTS.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--suite", "smoke", "--seeds", "2", "--jobs", "2",
-                           "--out", str(out), "--results-md", str(md)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "run.py"),
+            "--suite",
+            "smoke",
+            "--seeds",
+            "2",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+            "--results-md",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     png = out / "PushCubeRL.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -242,8 +285,14 @@ def test_speed_breakdown_times_the_real_loop(script):
 
     module = importlib.import_module(f"cleanrl_embodied.{script}")
     before = {"module": dict(vars(module)), "make_env": cli.make_env, "log": logging.RunLogger.log}
-    result = speed.breakdown(script, 16, iterations=5, skip=2, device="cpu",
-                             extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16")
+    result = speed.breakdown(
+        script,
+        16,
+        iterations=5,
+        skip=2,
+        device="cpu",
+        extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16",
+    )
     assert result["iterations"] == 3  # iterations 3, 4, 5
     assert all(result[k] > 0 for k in ("env", "policy", "update", "total"))
     assert result["env"] + result["policy"] + result["update"] + result["rest"] == pytest.approx(result["total"])
@@ -262,16 +311,28 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
 
     before = {"module": dict(vars(ppo)), "make_env": cli.make_env, "log": logging.RunLogger.log}
     md = tmp_path / "RESULTS.md"
-    speed.main(speed.Args(parts=("gym",), gym_settings=(("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)),
-                          repeats=1, iterations=3, skip=1, out=str(tmp_path / "gym"), results_md=str(md),
-                          gym_pairs=2, extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 8 8"))
+    speed.main(
+        speed.Args(
+            parts=("gym",),
+            gym_settings=(("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)),
+            repeats=1,
+            iterations=3,
+            skip=1,
+            out=str(tmp_path / "gym"),
+            results_md=str(md),
+            gym_pairs=2,
+            extra="--num-minibatches 2 --update-epochs 1 --hidden-sizes 8 8",
+        )
+    )
     data = json.loads((tmp_path / "gym" / "speed.json").read_text())
     rows = data["gym"]["rows"]
     assert [(r["env_id"], r["num_envs"], r["steps"]) for r in rows] == [("HalfCheetah-v5", 2, 8), ("Pendulum-v1", 3, 6)]
     has_envpool = importlib.util.find_spec("envpool") is not None
     for r in rows:
-        assert all(r[k] > 0 for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer", "contract_ratio",
-                                      "rollout_ratio"))
+        assert all(
+            r[k] > 0
+            for k in ("env_raw", "env_contract", "rollout_floor", "rollout_trainer", "contract_ratio", "rollout_ratio")
+        )
         assert ("env_envpool" in r) == has_envpool
     breakdowns = data["gym"]["breakdown"]  # HalfCheetah only: the sync vector env, then envpool's when installed
     assert [bd["vectorization"] for bd in breakdowns] == ["sync"] + (["envpool"] if has_envpool else [])
@@ -292,11 +353,30 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
 def test_async_benchmark_end_to_end(tmp_path):
     """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"
-    extra = ("--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16 "
-             "--num-eval-envs 8 --num-eval-episodes 8")
-    proc = subprocess.run([sys.executable, str(BENCH / "async_speed.py"), "--latencies", "2", "--seeds", "1",
-                           "--total-timesteps", "2048", f"--extra={extra}", "--out", str(out), "--results-md", str(md)],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    extra = (
+        "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16 "
+        "--num-eval-envs 8 --num-eval-episodes 8"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "async_speed.py"),
+            "--latencies",
+            "2",
+            "--seeds",
+            "1",
+            "--total-timesteps",
+            "2048",
+            f"--extra={extra}",
+            "--out",
+            str(out),
+            "--results-md",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((out / "async.json").read_text())
     assert [(r["mode"], r["latency_ms"]) for r in data["runs"]] == [("sync", 2.0), ("async", 2.0)]
@@ -313,24 +393,38 @@ def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp
     """A run published by its command and curves is re-run exactly (same training returns, same evaluations);
     a published point that the code does not reproduce is named, and the exit status says so."""
     recheck = importlib.import_module("recheck")
-    command = ("OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda "
-               "--env-id PushCubeRL --num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 "
-               "--num-minibatches 2 --update-epochs 1 --eval-freq 2 --num-eval-envs 4 --num-eval-episodes 4 --seed 1 "
-               "--output-dir OUT")
+    command = (
+        "OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda "
+        "--env-id PushCubeRL --num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 "
+        "--num-minibatches 2 --update-epochs 1 --eval-freq 2 --num-eval-envs 4 --num-eval-episodes 4 --seed 1 "
+        "--output-dir OUT"
+    )
     argv, env = recheck.command_of({"command": command}, str(tmp_path / "published"))
     assert argv[0] == sys.executable and env["OMP_NUM_THREADS"] == "1" and str(tmp_path / "published") in argv
     subprocess.run(argv, cwd=benchlib.REPO, env=env, check=True, capture_output=True, timeout=300)
     run_dir = next((tmp_path / "published").rglob("summary.json")).parent
     curves = run.read_curves(run_dir)
     assert curves["charts/episodic_return"]["value"] and curves["eval/success_rate"]["value"]
-    changed = json.loads(json.dumps({"command": command, "script": "ppo_continuous", "seed": 1,
-                                     "summary": {"global_step": 1000}, "curves": curves}))
+    changed = json.loads(
+        json.dumps(
+            {
+                "command": command,
+                "script": "ppo_continuous",
+                "seed": 1,
+                "summary": {"global_step": 1000},
+                "curves": curves,
+            }
+        )
+    )
     step = changed["curves"]["charts/episodic_return"]["step"][-1]
     changed["curves"]["charts/episodic_return"]["value"][-1] += 1.0
     results = tmp_path / "results"
     results.mkdir()
-    (results / "runs.json").write_text(json.dumps({"git": {"git_sha": "0" * 40}, "versions": {"torch": "x"},
-                                                   "runs": [{**changed, "task": "PushCubeRL"}]}))
+    (results / "runs.json").write_text(
+        json.dumps(
+            {"git": {"git_sha": "0" * 40}, "versions": {"torch": "x"}, "runs": [{**changed, "task": "PushCubeRL"}]}
+        )
+    )
 
     status = recheck.main(recheck.Args(results=str(results), until_step=1000, poll_s=0.2))
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ppo_continuous |"))
@@ -367,9 +461,20 @@ def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_
     assert " ".join(theirs[2:]) == "--env-id HalfCheetah-v4 --total-timesteps 4096 --seed 1 --cuda False"
     ours = vs.commands(args, tmp_path, "ours")
     flags = " ".join(ours[2:])
-    for expected in ("--env-id HalfCheetah-v4", "--num-envs 1 ", "--num-steps 2048", "--num-minibatches 32",
-                     "--update-epochs 10", "--hidden-sizes 64 64", "--norm-obs", "--norm-reward", "--clip-vloss",
-                     "--total-timesteps 4096", "--eval-freq 0", f"--output-dir {tmp_path}"):
+    for expected in (
+        "--env-id HalfCheetah-v4",
+        "--num-envs 1 ",
+        "--num-steps 2048",
+        "--num-minibatches 32",
+        "--update-epochs 10",
+        "--hidden-sizes 64 64",
+        "--norm-obs",
+        "--norm-reward",
+        "--clip-vloss",
+        "--total-timesteps 4096",
+        "--eval-freq 0",
+        f"--output-dir {tmp_path}",
+    ):
         assert expected in flags, expected
     assert flags.count("--env-id") == 1 and flags.count("--total-timesteps") == 1  # overrides replace the config's
     with pytest.raises(SystemExit, match="--cleanrl-python must be the python of a venv with cleanrl"):

@@ -110,10 +110,12 @@ def test_a_module_that_registers_no_such_id_or_breaks_on_import(tmp_path, monkey
 def test_a_module_in_the_current_directory_is_found(tmp_path, monkeypatch, clean_import_state):
     """`python cleanrl_embodied/ppo_continuous.py` puts the script's folder on sys.path; a task file beside the
     user (`my_tasks.py`) must still be importable, as it is for `python my_train.py`."""
-    (tmp_path / "my_tasks_for_tests.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_tasks_for_tests.py").write_text(
+        textwrap.dedent("""
         import gymnasium as gym
         gym.register("MyTaskForTests-v0", entry_point="tests.envs_for_tests:PointReach", max_episode_steps=5)
-    """))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     assert check_env_id("my_tasks_for_tests:MyTaskForTests-v0") == "MyTaskForTests-v0"
@@ -122,8 +124,18 @@ def test_a_module_in_the_current_directory_is_found(tmp_path, monkeypatch, clean
 
 def test_ppo_continuous_trains_on_a_module_env_id(tmp_path):
     """One short real run through main(Args(env_id="module:EnvId")): dir name, summary, success, checkpoint."""
-    common = dict(env_id=TEST_ENV, num_envs=4, num_steps=25, num_minibatches=2, update_epochs=2, num_eval_envs=2,
-                  num_eval_episodes=2, hidden_sizes=(16, 16), cuda=False, output_dir=str(tmp_path))
+    common = dict(
+        env_id=TEST_ENV,
+        num_envs=4,
+        num_steps=25,
+        num_minibatches=2,
+        update_epochs=2,
+        num_eval_envs=2,
+        num_eval_episodes=2,
+        hidden_sizes=(16, 16),
+        cuda=False,
+        output_dir=str(tmp_path),
+    )
     out = ppo.main(ppo.Args(**common, total_timesteps=300))
     run_dir = Path(out["run_dir"])
     assert run_dir.name.startswith("PointReach-v0__ppo_continuous__1__")  # no ':' in paths
@@ -142,9 +154,21 @@ def test_grpo_trains_on_a_module_env_id(tmp_path):
     """GRPO's group resets go through seeded Gymnasium sub-envs here: a second trainer on the same path."""
     from cleanrl_embodied import grpo
 
-    out = grpo.main(grpo.Args(env_id=TEST_ENV, num_envs=4, group_size=2, total_timesteps=4 * 50 * 2,
-                              num_minibatches=2, update_epochs=1, num_eval_envs=2, num_eval_episodes=2,
-                              hidden_sizes=(16, 16), output_dir=str(tmp_path), cuda=False))
+    out = grpo.main(
+        grpo.Args(
+            env_id=TEST_ENV,
+            num_envs=4,
+            group_size=2,
+            total_timesteps=4 * 50 * 2,
+            num_minibatches=2,
+            update_epochs=1,
+            num_eval_envs=2,
+            num_eval_episodes=2,
+            hidden_sizes=(16, 16),
+            output_dir=str(tmp_path),
+            cuda=False,
+        )
+    )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["env_id"] == TEST_ENV and summary["global_step"] == 400
     assert Path(out["run_dir"]).name.startswith("PointReach-v0__")
@@ -175,8 +199,11 @@ def test_maniskill_is_looked_up_only_for_unknown_ids_and_stays_quiet(monkeypatch
         print("sapien: no render device", file=sys.stderr)
         gym.register("FakeManiSkillTaskForTests-v1", entry_point="mani_skill.envs.fake_for_tests:Task")
 
-    monkeypatch.setattr(maniskill.importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "mani_skill" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        maniskill.importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "mani_skill" else real_find_spec(name, *a),
+    )
     monkeypatch.setattr(maniskill, "_import_maniskill", fake_import)
 
     for env_id in ("Pendulum-v1", "PushCubeRL", TEST_ENV):  # known to Gymnasium (after importing the module)
@@ -196,11 +223,18 @@ def test_maniskill_is_looked_up_only_for_unknown_ids_and_stays_quiet(monkeypatch
 
 @pytest.mark.skipif(importlib.util.find_spec("mani_skill") is None, reason="needs the maniskill extra")
 def test_real_maniskill_is_not_imported_for_other_ids():
-    code = ("import sys; from cleanrl_embodied.shared import check_env_id, make_env; "
-            f"check_env_id('Pendulum-v1'); make_env('{TEST_ENV}', num_envs=2).reset(); "
-            "assert 'mani_skill' not in sys.modules and 'sapien' not in sys.modules, 'imported'")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    code = (
+        "import sys; from cleanrl_embodied.shared import check_env_id, make_env; "
+        f"check_env_id('Pendulum-v1'); make_env('{TEST_ENV}', num_envs=2).reset(); "
+        "assert 'mani_skill' not in sys.modules and 'sapien' not in sys.modules, 'imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "" and proc.stderr.strip() == ""
-

@@ -52,16 +52,31 @@ class ToyEnv(gym.Env):
         return self._x.copy(), reward, False, False, {}
 
 
-for _id, _kwargs in (("GRPOToy-v0", {}), ("GRPOToyNoSeed-v0", {"ignore_seed": True}),
-                     ("GRPOToyNaN-v0", {"nan_reward_at": 3})):
+for _id, _kwargs in (
+    ("GRPOToy-v0", {}),
+    ("GRPOToyNoSeed-v0", {"ignore_seed": True}),
+    ("GRPOToyNaN-v0", {"nan_reward_at": 3}),
+):
     if _id not in gym.registry:
         gym.register(_id, entry_point=ToyEnv, max_episode_steps=5, kwargs=_kwargs)
 
 
 def tiny_args(tmp_path: Path, **overrides) -> Args:
-    base = dict(env_id="PushCubeRL", num_envs=8, group_size=4, total_timesteps=8 * 50 * 3, num_minibatches=2,
-                update_epochs=2, eval_freq=2, save_freq=2, num_eval_envs=4, num_eval_episodes=4,
-                hidden_sizes=(32, 32), output_dir=str(tmp_path), cuda=False)
+    base = dict(
+        env_id="PushCubeRL",
+        num_envs=8,
+        group_size=4,
+        total_timesteps=8 * 50 * 3,
+        num_minibatches=2,
+        update_epochs=2,
+        eval_freq=2,
+        save_freq=2,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        hidden_sizes=(32, 32),
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     base.update(overrides)
     return Args(**base)
 
@@ -135,8 +150,12 @@ def make_rollout(T=9, N=12, seed=0):
 def test_returns_to_go_and_first_episode_mask_match_reference():
     rewards, dones = make_rollout()
     for gamma in (0.9, 0.99, 1.0):
-        torch.testing.assert_close(returns_to_go(rewards, dones, gamma).double(),
-                                   reference_returns(rewards, dones, gamma), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            returns_to_go(rewards, dones, gamma).double(),
+            reference_returns(rewards, dones, gamma),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     mask = first_episode_mask(dones)
     assert torch.equal(mask, reference_mask(dones))
     assert mask[3, 0] and not mask[4, 0] and not mask[6, 0]  # data after the first done is masked out
@@ -168,10 +187,13 @@ def test_group_advantages_match_reference(scale, eps):
 
 def test_group_advantages_degenerate_groups_are_zero_not_nan():
     # returns whose mean is not exactly representable: (x - mean) would be ~1 ulp, not 0
-    returns = torch.tensor([[0.1, 0.1, 0.1, 0.1, 1.0, 2.0, 3.0, 4.0],
-                            [5.0, 7.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
-    mask = torch.tensor([[True, True, True, True, True, False, False, False],    # single alive member
-                         [True, True, False, False, False, False, False, False]])  # all dead in group 2
+    returns = torch.tensor([[0.1, 0.1, 0.1, 0.1, 1.0, 2.0, 3.0, 4.0], [5.0, 7.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor(
+        [
+            [True, True, True, True, True, False, False, False],  # single alive member
+            [True, True, False, False, False, False, False, False],
+        ]
+    )  # all dead in group 2
     adv, stats = group_advantages(returns, mask, 4, True, 1e-8)
     assert torch.isfinite(adv).all()
     assert (adv[0] == 0).all() and (adv[1, 2:] == 0).all()
@@ -216,10 +238,13 @@ def test_bad_group_size_is_one_line_naming_the_flag(tmp_path, num_envs, group_si
     assert not any(tmp_path.iterdir())  # nothing was built
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
-    ({"hidden_sizes": (0,)}, "--hidden-sizes must be one or more positive integers, got (0,)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
+        ({"hidden_sizes": (0,)}, "--hidden-sizes must be one or more positive integers, got (0,)"),
+    ],
+)
 def test_bad_discount_and_sizes_get_the_ppo_scripts_line(tmp_path, overrides, message):
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, **overrides))
@@ -245,8 +270,13 @@ def test_non_finite_final_obs_is_caught(tmp_path):
     """The observation an episode ends with (info["final_obs"]) is checked too, not only the next obs."""
 
     with pytest.raises(SystemExit) as excinfo:
-        main(tiny_args(tmp_path, env_id="tests.envs_for_tests:PointReach-v0",
-                       env_kwargs='{"nan_final_obs": true, "terminate_at_step": 3, "success_radius": 0}'))
+        main(
+            tiny_args(
+                tmp_path,
+                env_id="tests.envs_for_tests:PointReach-v0",
+                env_kwargs='{"nan_final_obs": true, "terminate_at_step": 3, "success_radius": 0}',
+            )
+        )
     assert "non-finite observation" in one_line_exit(excinfo) and "global step 24" in str(excinfo.value.code)
 
 
@@ -264,10 +294,23 @@ def test_smoke_run_then_resume_continues(tmp_path):
     run_dir = Path(out["run_dir"])
     assert out["global_step"] == 3 * 8 * 50
     scalars = read_scalars(str(run_dir))
-    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/success_rate", "charts/SPS",
-                "charts/learning_rate", "losses/policy_loss", "losses/entropy", "losses/approx_kl",
-                "losses/clipfrac", "grpo/zero_adv_group_frac", "grpo/mean_group_std", "grpo/kl_ref",
-                "grpo/mask_frac", "eval/success_rate", "eval/episodic_return"):
+    for tag in (
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/success_rate",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "grpo/zero_adv_group_frac",
+        "grpo/mean_group_std",
+        "grpo/kl_ref",
+        "grpo/mask_frac",
+        "eval/success_rate",
+        "eval/episodic_return",
+    ):
         assert len(scalars[tag]) >= 1 and all(math.isfinite(v) for v in scalars[tag]), tag
     assert len(scalars["charts/SPS"]) == 3 and scalars["charts/episodic_length"][0] == 50.0  # first episodes
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -318,8 +361,16 @@ def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
     """Ctrl-C in the middle of iteration 2 (the actor sends SIGINT at its 75th rollout step of 50 a horizon)."""
     previous = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as excinfo:
-        main(tiny_args(tmp_path, total_timesteps=10 * 8 * 50, save_freq=0, eval_freq=0,
-                       policy="grpo_test_helpers:sigint_actor", policy_kwargs='{"at_call": 75}'))
+        main(
+            tiny_args(
+                tmp_path,
+                total_timesteps=10 * 8 * 50,
+                save_freq=0,
+                eval_freq=0,
+                policy="grpo_test_helpers:sigint_actor",
+                policy_kwargs='{"at_call": 75}',
+            )
+        )
     assert excinfo.value.code == 130
     assert signal.getsignal(signal.SIGINT) is previous  # the handler is given back
     (run_dir,) = tmp_path.iterdir()
@@ -337,9 +388,15 @@ def test_compiled_functions_agree_with_eager():
     torch.testing.assert_close(compiled[1]["mean_group_std"], eager[1]["mean_group_std"])
     actor = grpo.Actor(3, 2, (16,), -0.5)
     g = torch.Generator().manual_seed(0)
-    mb = TensorDict(obs=torch.randn(40, 3, generator=g), action=torch.randn(40, 2, generator=g),
-                    logprob=torch.randn(40, generator=g) - 2, ref_logprob=torch.randn(40, generator=g) - 2,
-                    advantages=torch.randn(40, generator=g), mask=torch.rand(40, generator=g) < 0.7, batch_size=[40])
+    mb = TensorDict(
+        obs=torch.randn(40, 3, generator=g),
+        action=torch.randn(40, 2, generator=g),
+        logprob=torch.randn(40, generator=g) - 2,
+        ref_logprob=torch.randn(40, generator=g) - 2,
+        advantages=torch.randn(40, generator=g),
+        mask=torch.rand(40, generator=g) < 0.7,
+        batch_size=[40],
+    )
     args = Args(kl_coef=0.3, ent_coef=0.01)
     grads = []
     for loss_fn in (grpo.grpo_loss, torch.compile(grpo.grpo_loss)):
@@ -358,8 +415,13 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     agent = ppo.Agent(*spaces(31, 7), ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))
     torch.nn.init.normal_(agent.actor_mean[-1].weight, std=0.3)  # not what a fresh init would give
     path = tmp_path / "ppo.pt"
-    ppo_ckpt = {"script": "ppo_continuous", "model": agent.state_dict(), "obs_dim": 31, "act_dim": 7,
-                "args": dataclasses.asdict(ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7))}
+    ppo_ckpt = {
+        "script": "ppo_continuous",
+        "model": agent.state_dict(),
+        "obs_dim": 31,
+        "act_dim": 7,
+        "args": dataclasses.asdict(ppo.Args(hidden_sizes=(32, 32), init_logstd=-0.7)),
+    }
     torch.save(ppo_ckpt, path)
     out = main(tiny_args(tmp_path, ref_checkpoint=str(path), kl_coef=0.5, learning_rate=1e-9, total_timesteps=400))
     ckpt = torch.load(out["checkpoint"], weights_only=True)
@@ -380,9 +442,21 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
 
 def test_grpo_learns_the_toy_task(tmp_path):
     """A real, short run: reward -(a - x)^2 -> the deterministic policy gets much closer to x."""
-    args = tiny_args(tmp_path, env_id="GRPOToy-v0", num_envs=64, group_size=8, total_timesteps=64 * 5 * 40,
-                     num_minibatches=4, update_epochs=4, eval_freq=0, save_freq=0, num_eval_envs=32,
-                     num_eval_episodes=32, learning_rate=3e-3, gamma=1.0)
+    args = tiny_args(
+        tmp_path,
+        env_id="GRPOToy-v0",
+        num_envs=64,
+        group_size=8,
+        total_timesteps=64 * 5 * 40,
+        num_minibatches=4,
+        update_epochs=4,
+        eval_freq=0,
+        save_freq=0,
+        num_eval_envs=32,
+        num_eval_episodes=32,
+        learning_rate=3e-3,
+        gamma=1.0,
+    )
     out = main(args)
     scalars = read_scalars(out["run_dir"])
     # zero-mean policy: E[-5 x^2] = -5/3 per episode; a policy that learnt a ~ x is far better
@@ -401,8 +475,9 @@ def test_eval_checkpoint_evaluates_without_training(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["eval"]["episodic_length"] > 0
 
 
-@pytest.mark.parametrize("flag, value", [("env_kwargs", "not json"), ("env_kwargs", '{"no_such_option": 1}'),
-                                         ("eval_env_kwargs", "[1, 2]")])
+@pytest.mark.parametrize(
+    "flag, value", [("env_kwargs", "not json"), ("env_kwargs", '{"no_such_option": 1}'), ("eval_env_kwargs", "[1, 2]")]
+)
 def test_bad_env_kwargs_is_one_line_naming_the_flag(tmp_path, flag, value):
     with pytest.raises(SystemExit) as e:
         grpo.main(tiny_args(tmp_path, **{flag: value}))
@@ -411,7 +486,15 @@ def test_bad_env_kwargs_is_one_line_naming_the_flag(tmp_path, flag, value):
 
 def test_a_diverged_run_stops_with_the_ppo_scripts_line(tmp_path):
     with pytest.raises(SystemExit) as excinfo:
-        main(tiny_args(tmp_path, max_consecutive_skips=3, policy="grpo_test_helpers:nan_actor",
-                       policy_kwargs='{"at_calls": [1, 2, 3]}'))
-    assert one_line_exit(excinfo) == ("error: 3 optimizer steps in a row had a non-finite loss or gradient (last "
-                                      "at global step 400); lower --learning-rate or check the env")
+        main(
+            tiny_args(
+                tmp_path,
+                max_consecutive_skips=3,
+                policy="grpo_test_helpers:nan_actor",
+                policy_kwargs='{"at_calls": [1, 2, 3]}',
+            )
+        )
+    assert one_line_exit(excinfo) == (
+        "error: 3 optimizer steps in a row had a non-finite loss or gradient (last "
+        "at global step 400); lower --learning-rate or check the env"
+    )

@@ -22,9 +22,21 @@ def _offline(monkeypatch):
 
 
 def tiny_args(tmp_path: Path, **overrides) -> grpo.Args:
-    base = dict(env_id="PushCubeRL", num_envs=8, group_size=4, total_timesteps=8 * 50 * 2, num_minibatches=2,
-                update_epochs=2, eval_freq=0, save_freq=0, num_eval_envs=4, num_eval_episodes=4,
-                hidden_sizes=(32, 32), output_dir=str(tmp_path), cuda=False)
+    base = dict(
+        env_id="PushCubeRL",
+        num_envs=8,
+        group_size=4,
+        total_timesteps=8 * 50 * 2,
+        num_minibatches=2,
+        update_epochs=2,
+        eval_freq=0,
+        save_freq=0,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        hidden_sizes=(32, 32),
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     return grpo.Args(**{**base, **overrides})
 
 
@@ -42,8 +54,15 @@ def minibatch(actor: grpo.Actor, n: int = 40, seed: int = 0) -> TensorDict:
         dist = actor.dist(obs)
         action = dist.mean + 0.1 * torch.randn(dist.mean.shape, generator=g)
         logprob = dist.log_prob(action).sum(-1)
-    return TensorDict(obs=obs, action=action, logprob=logprob, ref_logprob=logprob.clone(),
-                      advantages=torch.zeros(n), mask=torch.ones(n, dtype=torch.bool), batch_size=[n])
+    return TensorDict(
+        obs=obs,
+        action=action,
+        logprob=logprob,
+        ref_logprob=logprob.clone(),
+        advantages=torch.zeros(n),
+        mask=torch.ones(n, dtype=torch.bool),
+        batch_size=[n],
+    )
 
 
 def gradients(actor: grpo.Actor, mb: TensorDict, args: grpo.Args) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -123,8 +142,14 @@ def test_epoch_statistics_average_only_the_applied_minibatches(tmp_path):
     out = grpo.main(tiny_args(tmp_path, policy="grpo_test_helpers:nan_actor", policy_kwargs='{"at_calls": [1]}'))
     scalars = read_scalars(out["run_dir"])
     assert scalars["charts/skipped_updates"] == [1.0, 1.0]
-    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac", "losses/policy_loss",
-                "losses/entropy", "grpo/kl_ref"):
+    for tag in (
+        "losses/approx_kl",
+        "losses/old_approx_kl",
+        "losses/clipfrac",
+        "losses/policy_loss",
+        "losses/entropy",
+        "grpo/kl_ref",
+    ):
         assert len(scalars[tag]) == 2 and all(math.isfinite(v) for v in scalars[tag]), (tag, scalars.get(tag))
     assert 0.0 <= min(scalars["losses/clipfrac"]) <= max(scalars["losses/clipfrac"]) <= 1.0
 
@@ -134,8 +159,19 @@ def test_success_rate_counts_every_env_over_the_horizon(tmp_path):
     steps. With a horizon of 5 only successes end inside it. bf22c03 averaged success over the episodes that ended,
     i.e. reported 1.0 for a random policy; the success rate is now over all envs (about one half here), and
     grpo/finished_frac says how many first episodes ended within the horizon."""
-    out = grpo.main(tiny_args(tmp_path, env_id="GRPOSuccessToy-v0", num_envs=64, group_size=8, num_steps=5,
-                              total_timesteps=64 * 5, num_minibatches=4, num_eval_envs=8, num_eval_episodes=8))
+    out = grpo.main(
+        tiny_args(
+            tmp_path,
+            env_id="GRPOSuccessToy-v0",
+            num_envs=64,
+            group_size=8,
+            num_steps=5,
+            total_timesteps=64 * 5,
+            num_minibatches=4,
+            num_eval_envs=8,
+            num_eval_episodes=8,
+        )
+    )
     scalars = read_scalars(out["run_dir"])
     success = scalars["charts/success_rate"][0]
     assert 0.2 < success < 0.8, success

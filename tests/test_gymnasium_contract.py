@@ -237,9 +237,12 @@ def test_info_conversion_keeps_a_passed_on_dict_whole_and_drops_what_is_not_nume
     whatever the terms are called. Both backends (Gymnasium ids, EnvPool) convert through this function."""
     from cleanrl_embodied.shared.envs.wrappers import numeric_info_to_torch
 
-    info = {"rewards": {"reach": np.array([1.0, 2.0]), "push": np.array([0.5, 0.0], dtype=np.float32)},
-            "x_position": np.array([3.0, 4.0]), "names": np.array(["a", "b"], dtype=object),
-            "count": np.array([1, 2], dtype=np.int32)}
+    info = {
+        "rewards": {"reach": np.array([1.0, 2.0]), "push": np.array([0.5, 0.0], dtype=np.float32)},
+        "x_position": np.array([3.0, 4.0]),
+        "names": np.array(["a", "b"], dtype=object),
+        "count": np.array([1, 2], dtype=np.int32),
+    }
     out = numeric_info_to_torch(info, torch.from_numpy, passes=lambda key: key in ("rewards", "names", "count"))
     assert set(out) == {"rewards", "count"} and set(out["rewards"]) == {"reach", "push"}
     assert out["rewards"]["reach"].dtype == torch.float32 and out["rewards"]["reach"].tolist() == [1.0, 2.0]

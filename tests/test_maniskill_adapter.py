@@ -42,10 +42,17 @@ class FakeManiSkillVectorEnv(gym.vector.VectorEnv):
         self.max_steps, self.dict_obs, self.render_fails = max_steps, dict_obs, render_fails
         self.single_action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
         if dict_obs:
-            self.single_observation_space = gym.spaces.Dict({
-                "pos": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
-                "extra": gym.spaces.Dict({"goal": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
-                                          "t": gym.spaces.Box(0, np.inf, (1,), np.float32)})})
+            self.single_observation_space = gym.spaces.Dict(
+                {
+                    "pos": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                    "extra": gym.spaces.Dict(
+                        {
+                            "goal": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                            "t": gym.spaces.Box(0, np.inf, (1,), np.float32),
+                        }
+                    ),
+                }
+            )
         else:
             self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -68,8 +75,11 @@ class FakeManiSkillVectorEnv(gym.vector.VectorEnv):
         else:
             self.pos = torch.zeros(self.num_envs)
             self.elapsed = torch.zeros(self.num_envs, dtype=torch.int32)
-        info = {"elapsed_steps": self.elapsed.clone(), "success": torch.zeros(self.num_envs, dtype=torch.bool),
-                "reconfigure": False}
+        info = {
+            "elapsed_steps": self.elapsed.clone(),
+            "success": torch.zeros(self.num_envs, dtype=torch.bool),
+            "reconfigure": False,
+        }
         return self._obs(), info
 
     def step(self, actions):
@@ -80,14 +90,23 @@ class FakeManiSkillVectorEnv(gym.vector.VectorEnv):
         reward = -(self.pos - self.goal).abs()
         terminated, truncated = success.clone(), self.elapsed >= self.max_steps
         obs = self._obs()
-        info = {"success": success, "fail": torch.zeros_like(success), "elapsed_steps": self.elapsed.clone(),
-                "dist": (self.pos - self.goal).abs().double()}
+        info = {
+            "success": success,
+            "fail": torch.zeros_like(success),
+            "elapsed_steps": self.elapsed.clone(),
+            "dist": (self.pos - self.goal).abs().double(),
+        }
         dones = terminated | truncated
         if dones.any():
             final_obs, final_info = obs, info
             obs, info = self.reset(options={"env_idx": torch.arange(self.num_envs)[dones]})
-            info.update(final_observation=final_obs, final_info=final_info, _final_info=dones,
-                        _final_observation=dones, _elapsed_steps=dones)
+            info.update(
+                final_observation=final_obs,
+                final_info=final_info,
+                _final_info=dones,
+                _final_observation=dones,
+                _elapsed_steps=dones,
+            )
         return obs, reward, terminated, truncated, info
 
     def render(self):
@@ -204,8 +223,12 @@ def test_maniskill_ids_are_recognized_by_their_registration_and_routed(monkeypat
 
     monkeypatch.setattr(maniskill, "make_maniskill_env", fake_make)
     env = make_env(FAKE_MS_ID, num_envs=3, seed=1, control_mode="pd_joint_delta_pos")
-    assert seen == {"env_id": FAKE_MS_ID, "num_envs": 3, "seed": 1,
-                    "kwargs": {"vectorization": "sync", "flatten_obs": None, "control_mode": "pd_joint_delta_pos"}}
+    assert seen == {
+        "env_id": FAKE_MS_ID,
+        "num_envs": 3,
+        "seed": 1,
+        "kwargs": {"vectorization": "sync", "flatten_obs": None, "control_mode": "pd_joint_delta_pos"},
+    }
     assert env.reset()[0].shape == (3, 3)
 
 
@@ -284,9 +307,22 @@ def test_real_pushcube_on_the_gpu_backend():
 def test_ppo_smoke_run_on_real_pushcube(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
-    out = ppo.main(ppo.Args(env_id="PushCube-v1", num_envs=2, num_steps=50, total_timesteps=200,
-                            num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16), num_eval_envs=1,
-                            num_eval_episodes=1, capture_video=True, output_dir=str(tmp_path), cuda=False))
+    out = ppo.main(
+        ppo.Args(
+            env_id="PushCube-v1",
+            num_envs=2,
+            num_steps=50,
+            total_timesteps=200,
+            num_minibatches=2,
+            update_epochs=1,
+            hidden_sizes=(16, 16),
+            num_eval_envs=1,
+            num_eval_episodes=1,
+            capture_video=True,
+            output_dir=str(tmp_path),
+            cuda=False,
+        )
+    )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 200 and summary["eval"]["success_rate"] is not None
     assert math.isfinite(summary["eval"]["episodic_return"])
@@ -299,10 +335,12 @@ class FakeRGBManiSkillVectorEnv(FakeManiSkillVectorEnv):
     def __init__(self, goals, **kwargs):
         super().__init__(goals, dict_obs=True, **kwargs)
         space = dict(self.single_observation_space.spaces)
-        space["sensor_data"] = gym.spaces.Dict({"cam": gym.spaces.Dict(
-            {"rgb": gym.spaces.Box(0, 255, (8, 10, 3), np.uint8)})})
-        space["sensor_param"] = gym.spaces.Dict({"cam": gym.spaces.Dict(
-            {"extrinsic_cv": gym.spaces.Box(-np.inf, np.inf, (3, 4), np.float32)})})
+        space["sensor_data"] = gym.spaces.Dict(
+            {"cam": gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, (8, 10, 3), np.uint8)})}
+        )
+        space["sensor_param"] = gym.spaces.Dict(
+            {"cam": gym.spaces.Dict({"extrinsic_cv": gym.spaces.Box(-np.inf, np.inf, (3, 4), np.float32)})}
+        )
         self.single_observation_space = gym.spaces.Dict(space)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
 
@@ -310,8 +348,11 @@ class FakeRGBManiSkillVectorEnv(FakeManiSkillVectorEnv):
         obs = super()._obs()
         rgb = torch.zeros(self.num_envs, 8, 10, 3, dtype=torch.uint8)
         rgb[:, :, 0, 0] = (self.pos.clamp(-10, 10) * 10 + 100).to(torch.uint8)[:, None]
-        return {**obs, "sensor_data": {"cam": {"rgb": rgb}},
-                "sensor_param": {"cam": {"extrinsic_cv": torch.ones(self.num_envs, 3, 4)}}}
+        return {
+            **obs,
+            "sensor_data": {"cam": {"rgb": rgb}},
+            "sensor_param": {"cam": {"extrinsic_cv": torch.ones(self.num_envs, 3, 4)}},
+        }
 
 
 def test_maniskill_rgb_observations_stay_uint8_channels_first_and_camera_matrices_go():

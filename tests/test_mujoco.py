@@ -20,8 +20,9 @@ import torch
 
 from cleanrl_embodied.shared import make_env
 
-needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None,
-                                  reason="needs the mujoco extra: uv sync --extra mujoco")
+needs_mujoco = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco") is None, reason="needs the mujoco extra: uv sync --extra mujoco"
+)
 pytestmark = [needs_mujoco, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
@@ -39,11 +40,14 @@ def _render_probe(cwd: Path) -> str | None:
     env = dict(os.environ)
     if not any(env.get(k) for k in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")):
         env["MUJOCO_GL"] = "egl"
-    code = ("import gymnasium as gym; e = gym.make('InvertedPendulum-v5', render_mode='rgb_array', width=32, "
-            "height=32); e.reset(seed=0); assert e.render().shape == (32, 32, 3); e.close()")
+    code = (
+        "import gymnasium as gym; e = gym.make('InvertedPendulum-v5', render_mode='rgb_array', width=32, "
+        "height=32); e.reset(seed=0); assert e.render().shape == (32, 32, 3); e.close()"
+    )
     try:
-        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                                cwd=cwd)
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=cwd
+        )
     except subprocess.TimeoutExpired:
         return "render probe timed out"
     if result.returncode == 0:
@@ -192,11 +196,26 @@ def test_async_render_failure_keeps_the_workers_alive(monkeypatch):
 def test_ppo_smoke_run_on_halfcheetah(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
-    out = ppo.main(ppo.Args(env_id="HalfCheetah-v5", num_envs=2, num_steps=64, total_timesteps=2 * 64 * 2,
-                            num_minibatches=4, update_epochs=2, hidden_sizes=(16, 16), gamma=0.99,
-                            norm_obs=True, norm_reward=True, target_kl=None, num_eval_envs=1,
-                            num_eval_episodes=1, eval_env_kwargs='{"max_episode_steps": 20}',
-                            output_dir=str(tmp_path), cuda=False))
+    out = ppo.main(
+        ppo.Args(
+            env_id="HalfCheetah-v5",
+            num_envs=2,
+            num_steps=64,
+            total_timesteps=2 * 64 * 2,
+            num_minibatches=4,
+            update_epochs=2,
+            hidden_sizes=(16, 16),
+            gamma=0.99,
+            norm_obs=True,
+            norm_reward=True,
+            target_kl=None,
+            num_eval_envs=1,
+            num_eval_episodes=1,
+            eval_env_kwargs='{"max_episode_steps": 20}',
+            output_dir=str(tmp_path),
+            cuda=False,
+        )
+    )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 256 and summary["env_id"] == "HalfCheetah-v5"
     assert summary["eval"]["episodic_length"] == 20 and summary["eval"]["success_rate"] is None
@@ -207,11 +226,23 @@ def test_ppo_smoke_run_on_halfcheetah(tmp_path):
 def test_ppo_capture_video_on_inverted_pendulum(tmp_path, can_render):
     from cleanrl_embodied import ppo_continuous as ppo
 
-    out = ppo.main(ppo.Args(env_id="InvertedPendulum-v5", num_envs=2, num_steps=16, total_timesteps=32,
-                            num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16), num_eval_envs=1,
-                            num_eval_episodes=1, capture_video=True,
-                            eval_env_kwargs='{"max_episode_steps": 10, "width": 64, "height": 64}',
-                            output_dir=str(tmp_path), cuda=False))
+    out = ppo.main(
+        ppo.Args(
+            env_id="InvertedPendulum-v5",
+            num_envs=2,
+            num_steps=16,
+            total_timesteps=32,
+            num_minibatches=2,
+            update_epochs=1,
+            hidden_sizes=(16, 16),
+            num_eval_envs=1,
+            num_eval_episodes=1,
+            capture_video=True,
+            eval_env_kwargs='{"max_episode_steps": 10, "width": 64, "height": 64}',
+            output_dir=str(tmp_path),
+            cuda=False,
+        )
+    )
     videos = list((Path(out["run_dir"]) / "videos").glob("*.mp4"))
     assert videos and all(v.stat().st_size > 0 for v in videos)
 
@@ -220,10 +251,23 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
     """GRPO needs identical group starts: MuJoCo's seeded resets give them."""
     from cleanrl_embodied import grpo
 
-    out = grpo.main(grpo.Args(env_id="Hopper-v5", num_envs=4, group_size=2, num_steps=10, total_timesteps=80,
-                              num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16), num_eval_envs=2,
-                              num_eval_episodes=2, eval_env_kwargs='{"max_episode_steps": 10}',
-                              output_dir=str(tmp_path), cuda=False))
+    out = grpo.main(
+        grpo.Args(
+            env_id="Hopper-v5",
+            num_envs=4,
+            group_size=2,
+            num_steps=10,
+            total_timesteps=80,
+            num_minibatches=2,
+            update_epochs=1,
+            hidden_sizes=(16, 16),
+            num_eval_envs=2,
+            num_eval_episodes=2,
+            eval_env_kwargs='{"max_episode_steps": 10}',
+            output_dir=str(tmp_path),
+            cuda=False,
+        )
+    )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] >= 40 and math.isfinite(summary["eval"]["episodic_return"])
 
@@ -231,10 +275,23 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
 def test_env_vectorization_flag_reaches_make_env(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
-    out = ppo.main(ppo.Args(env_id="InvertedPendulum-v5", env_vectorization="async", num_envs=2, num_steps=8,
-                            num_minibatches=2, update_epochs=1, total_timesteps=32, num_eval_envs=2,
-                            num_eval_episodes=2, hidden_sizes=(8,), cuda=False, output_dir=str(tmp_path),
-                            eval_env_kwargs='{"max_episode_steps": 10}'))
+    out = ppo.main(
+        ppo.Args(
+            env_id="InvertedPendulum-v5",
+            env_vectorization="async",
+            num_envs=2,
+            num_steps=8,
+            num_minibatches=2,
+            update_epochs=1,
+            total_timesteps=32,
+            num_eval_envs=2,
+            num_eval_episodes=2,
+            hidden_sizes=(8,),
+            cuda=False,
+            output_dir=str(tmp_path),
+            eval_env_kwargs='{"max_episode_steps": 10}',
+        )
+    )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["args"]["env_vectorization"] == "async" and summary["global_step"] == 32
     with pytest.raises(ValueError, match="--env-vectorization"):

@@ -19,10 +19,12 @@ from cleanrl_embodied.shared.tensordict_helpers import finite_rows, image_spaces
 from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
 
 PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
-PIXEL_SPACE = gym.spaces.Dict({
-    "state": gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32), "b": gym.spaces.Box(-1, 1, (3,))}),
-    "rgb": gym.spaces.Box(0, 255, (3, 36, 40), np.uint8),
-})
+PIXEL_SPACE = gym.spaces.Dict(
+    {
+        "state": gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32), "b": gym.spaces.Box(-1, 1, (3,))}),
+        "rgb": gym.spaces.Box(0, 255, (3, 36, 40), np.uint8),
+    }
+)
 
 
 def test_rollout_storage_holds_nested_observations_in_their_dtypes():
@@ -35,8 +37,13 @@ def test_rollout_storage_holds_nested_observations_in_their_dtypes():
 
 
 def test_state_vector_normalizes_nothing_but_float_entries():
-    obs = TensorDict({"rgb": torch.full((2, 3, 36, 40), 200, dtype=torch.uint8),
-                      "state": {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.zeros(2, 3)}}, batch_size=[2])
+    obs = TensorDict(
+        {
+            "rgb": torch.full((2, 3, 36, 40), 200, dtype=torch.uint8),
+            "state": {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.zeros(2, 3)},
+        },
+        batch_size=[2],
+    )
     assert list(image_spaces(PIXEL_SPACE)) == [("rgb",)] and state_dim(PIXEL_SPACE) == 5
     assert torch.equal(state_vector(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
     plain = torch.randn(4, 6)
@@ -81,8 +88,13 @@ def test_pixel_agent_encodes_images_and_normalizes_only_the_state():
     args = ppo.Args(norm_obs=True, hidden_sizes=(16,))
     agent = ppo.Agent(PIXEL_SPACE, gym.spaces.Box(-1, 1, (4,)), args)
     assert agent.obs_rms.mean.shape == (5,) and agent.encoder is not None
-    obs = TensorDict({"rgb": torch.zeros(3, 3, 36, 40, dtype=torch.uint8),
-                      "state": {"a": torch.zeros(3, 2), "b": torch.zeros(3, 3)}}, batch_size=[3])
+    obs = TensorDict(
+        {
+            "rgb": torch.zeros(3, 3, 36, 40, dtype=torch.uint8),
+            "state": {"a": torch.zeros(3, 2), "b": torch.zeros(3, 3)},
+        },
+        batch_size=[3],
+    )
     dist, value = agent(obs)
     assert dist.mean.shape == (3, 4) and value.shape == (3,)
     assert torch.equal(value, agent.get_value(obs)) and torch.equal(dist.mean, agent.dist(obs).mean)
@@ -105,9 +117,22 @@ def test_non_finite_watch_names_the_first_step_and_ignores_images():
 
 
 def tiny(tmp_path: Path, module=ppo, **overrides):
-    settings = dict(env_id=PIXELS_ID, num_envs=4, num_steps=8, total_timesteps=96, num_minibatches=2,
-                    update_epochs=1, hidden_sizes=(16,), num_eval_envs=2, num_eval_episodes=2, eval_freq=0,
-                    save_freq=1, output_dir=str(tmp_path), norm_obs=True, seed=3)
+    settings = dict(
+        env_id=PIXELS_ID,
+        num_envs=4,
+        num_steps=8,
+        total_timesteps=96,
+        num_minibatches=2,
+        update_epochs=1,
+        hidden_sizes=(16,),
+        num_eval_envs=2,
+        num_eval_episodes=2,
+        eval_freq=0,
+        save_freq=1,
+        output_dir=str(tmp_path),
+        norm_obs=True,
+        seed=3,
+    )
     settings.update(overrides)
     return module.Args(**settings)
 
@@ -125,9 +150,15 @@ def test_pixel_ppo_runs_saves_and_evaluates(tmp_path, module):
 
 
 def test_tensordict_observations_resume_bit_identically(tmp_path):
-    common = dict(env_id="PushCubeRL", env_kwargs='{"obs_mode": "dict", "flatten_obs": false}',
-                  eval_env_kwargs='{"obs_mode": "dict", "flatten_obs": false}', total_timesteps=4 * 8 * 6,
-                  save_freq=3, torch_deterministic=True, norm_reward=True)
+    common = dict(
+        env_id="PushCubeRL",
+        env_kwargs='{"obs_mode": "dict", "flatten_obs": false}',
+        eval_env_kwargs='{"obs_mode": "dict", "flatten_obs": false}',
+        total_timesteps=4 * 8 * 6,
+        save_freq=3,
+        torch_deterministic=True,
+        norm_reward=True,
+    )
     straight = ppo.main(tiny(tmp_path / "a", **common))
     half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
     assert isinstance(torch.load(half, weights_only=True)["next_obs"], dict)
@@ -139,8 +170,9 @@ def test_tensordict_observations_resume_bit_identically(tmp_path):
 
 
 def test_grpo_builtin_actor_refuses_image_observations_in_one_line(tmp_path):
-    args = grpo.Args(env_id=PIXELS_ID, num_envs=4, group_size=2, output_dir=str(tmp_path), num_eval_envs=2,
-                     num_eval_episodes=2)
+    args = grpo.Args(
+        env_id=PIXELS_ID, num_envs=4, group_size=2, output_dir=str(tmp_path), num_eval_envs=2, num_eval_episodes=2
+    )
     with pytest.raises(SystemExit) as e:
         grpo.main(args)
     assert "--policy" in str(e.value.code) and "\n" not in str(e.value.code)
@@ -151,8 +183,16 @@ def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line
     """An obs_mode given in --env-kwargs only would build the policy for the eval envs' flat observations and
     crash in the first rollout: it is refused before training starts, naming both flags."""
     extra = {"group_size": 2} if module is grpo else {}
-    args = module.Args(env_id="PushCubeRL", env_kwargs='{"obs_mode": "rgb", "image_size": 36}', num_envs=2,
-                       num_eval_envs=2, num_eval_episodes=2, output_dir=str(tmp_path), cuda=False, **extra)
+    args = module.Args(
+        env_id="PushCubeRL",
+        env_kwargs='{"obs_mode": "rgb", "image_size": 36}',
+        num_envs=2,
+        num_eval_envs=2,
+        num_eval_episodes=2,
+        output_dir=str(tmp_path),
+        cuda=False,
+        **extra,
+    )
     with pytest.raises(SystemExit) as e:
         module.main(args)
     message = str(e.value.code)

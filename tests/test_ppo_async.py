@@ -19,13 +19,22 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cleanrl_embodied import ppo_async
 
 SCRIPT = Path(ppo_async.__file__)
-TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-            hidden_sizes=(32, 32), cuda=False, eval_freq=0, save_freq=0)
+TINY = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    hidden_sizes=(32, 32),
+    cuda=False,
+    eval_freq=0,
+    save_freq=0,
+)
 
 
 def tiny_args(tmp_path, iterations: int = 6, **overrides) -> ppo_async.Args:
-    return ppo_async.Args(**{**TINY, "output_dir": str(tmp_path), "total_timesteps": iterations * 8 * 10,
-                             **overrides})
+    return ppo_async.Args(**{**TINY, "output_dir": str(tmp_path), "total_timesteps": iterations * 8 * 10, **overrides})
 
 
 def collector_alive() -> bool:
@@ -57,8 +66,13 @@ def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path):
     """With a slow policy (5 ms a step) and --max-staleness 1 the collector steps rollout j+1 while the
     learner updates on rollout j; with --max-staleness 0 the two never overlap. Timestamps, not speed."""
     for k in (1, 0):  # a learner busy long enough (4 x 10 ms) that overlap or not is unambiguous
-        args = tiny_args(tmp_path / str(k), iterations=8, max_staleness=k, policy="toy_policies:slow",
-                         policy_kwargs='{"rollout_ms": 5, "update_ms": 10}')
+        args = tiny_args(
+            tmp_path / str(k),
+            iterations=8,
+            max_staleness=k,
+            policy="toy_policies:slow",
+            policy_kwargs='{"rollout_ms": 5, "update_ms": 10}',
+        )
         tl = ppo_async.main(args)["timeline"]
         assert all(e["collect"][1] - e["collect"][0] >= 10 * 0.005 for e in tl)  # the latency is really paid
         next_collect_overlaps = [overlaps(tl[j]["update"], tl[j + 1]["collect"]) for j in range(len(tl) - 1)]
@@ -73,8 +87,17 @@ def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(t
     """Every policy call of rollout j acts with the parameters the learner held after consuming j - K
     rollouts, unchanged for the whole rollout, although the learner updates meanwhile."""
     toy_policies.RECORDS.clear()
-    out = ppo_async.main(tiny_args(tmp_path, iterations=8, max_staleness=k, policy="toy_policies:recording",
-                                   policy_kwargs='{"rollout_ms": 2}', norm_obs=True, target_kl=None))
+    out = ppo_async.main(
+        tiny_args(
+            tmp_path,
+            iterations=8,
+            max_staleness=k,
+            policy="toy_policies:recording",
+            policy_kwargs='{"rollout_ms": 2}',
+            norm_obs=True,
+            target_kl=None,
+        )
+    )
     T, per_update = TINY["num_steps"], TINY["update_epochs"] * TINY["num_minibatches"]
     calls = [(name, fp) for name, grad, fp in toy_policies.RECORDS if not grad and name != "MainThread"]
     learner = [fp for name, grad, fp in toy_policies.RECORDS if grad]
@@ -84,7 +107,7 @@ def test_versions_are_bounded_and_the_inference_copy_is_fixed_during_a_rollout(t
     for j, entry in enumerate(out["timeline"]):
         assert entry["index"] == j and not entry["dropped"]
         assert 0 <= entry["learner_version"] - entry["behaviour_version"] <= k
-        rollout = {fp for _, fp in calls[j * T:(j + 1) * T]}
+        rollout = {fp for _, fp in calls[j * T : (j + 1) * T]}
         assert rollout == {published[max(j - k, 0)]}, j  # one set of weights, the right one
         assert entry["behaviour_version"] == max(j - k, 0)
     assert max(e["learner_version"] - e["behaviour_version"] for e in out["timeline"]) == k  # really stale
@@ -95,8 +118,11 @@ def test_exception_in_the_collector_surfaces_with_its_message_and_stops_everythi
     """A simulator that crashes in its 25th step: the two rollouts completed before are learned from and
     counted, the exception surfaces in the learner with a note, and no checkpoint is written by the crash."""
     with pytest.raises(RuntimeError, match="raise_at_step=25 reached") as e:
-        ppo_async.main(tiny_args(tmp_path, iterations=20, env_id="tests.envs_for_tests:PointReach-v0",
-                                 env_kwargs='{"raise_at_step": 25}'))
+        ppo_async.main(
+            tiny_args(
+                tmp_path, iterations=20, env_id="tests.envs_for_tests:PointReach-v0", env_kwargs='{"raise_at_step": 25}'
+            )
+        )
     assert "collector thread" in "".join(getattr(e.value, "__notes__", []))
     assert not collector_alive()
     run_dir = next(tmp_path.glob("PointReach-v0__*"))
@@ -109,8 +135,13 @@ def test_exception_in_the_learner_keeps_the_last_consistent_checkpoint(tmp_path)
     """A crash inside the update of iteration 3 stops the collector, writes summary.json, and leaves the
     last.pt of iteration 2 as it was (with the collector's state), from which a resume continues exactly."""
     toy_policies.FAILED_ONCE.clear()
-    args = dict(iterations=5, save_freq=2, policy="toy_policies:fail_in_update", target_kl=None,
-                policy_kwargs='{"at_call": 9, "once": true}')  # 2 epochs x 2 minibatches: call 9 is in iteration 3
+    args = dict(
+        iterations=5,
+        save_freq=2,
+        policy="toy_policies:fail_in_update",
+        target_kl=None,
+        policy_kwargs='{"at_call": 9, "once": true}',
+    )  # 2 epochs x 2 minibatches: call 9 is in iteration 3
     with pytest.raises(RuntimeError, match="injected failure inside the update"):
         ppo_async.main(tiny_args(tmp_path / "a", **args))
     assert not collector_alive()
@@ -138,7 +169,8 @@ def test_resume_mid_run_is_bit_identical_to_a_straight_run(tmp_path):
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert torch.equal(a["reward_rms"]["var"], b["reward_rms"]["var"])
     assert [e["behaviour_version"] for e in straight["timeline"][3:]] == [
-        e["behaviour_version"] for e in resumed["timeline"]]
+        e["behaviour_version"] for e in resumed["timeline"]
+    ]
 
 
 def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_rollouts(tmp_path):
@@ -148,8 +180,7 @@ def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_ro
     ckpt = torch.load(ckpt_path, weights_only=True)
     stale = [p for p in ckpt["collector"]["pending"] if ckpt["version"] - p["version"] > 0]
     assert stale, "the slow learner should have left pending rollouts in the checkpoint"
-    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=8, max_staleness=0, resume=str(ckpt_path),
-                                       **slow))
+    resumed = ppo_async.main(tiny_args(tmp_path / "b", iterations=8, max_staleness=0, resume=str(ckpt_path), **slow))
     assert sum(e["dropped"] for e in resumed["timeline"]) == len(stale)
     assert all(e["learner_version"] == e["behaviour_version"] for e in resumed["timeline"] if not e["dropped"])
     summary = json.loads((Path(resumed["run_dir"]) / "summary.json").read_text())
@@ -157,8 +188,12 @@ def test_resume_with_a_smaller_max_staleness_drops_and_counts_the_old_pending_ro
 
 
 def test_same_command_gives_the_same_run(tmp_path):
-    runs = [ppo_async.main(tiny_args(tmp_path / name, iterations=5, policy="toy_policies:slow",
-                                     policy_kwargs='{"rollout_ms": 1}')) for name in "ab"]
+    runs = [
+        ppo_async.main(
+            tiny_args(tmp_path / name, iterations=5, policy="toy_policies:slow", policy_kwargs='{"rollout_ms": 1}')
+        )
+        for name in "ab"
+    ]
     a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in runs)
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
@@ -173,10 +208,31 @@ def test_bad_input_is_one_clear_line(tmp_path, flag, value):
 
 def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--num-envs", "8",
-                             "--num-steps", "10", "--num-minibatches", "2", "--total-timesteps", "100000000",
-                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--output-dir",
+            str(tmp_path),
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "10",
+            "--num-minibatches",
+            "2",
+            "--total-timesteps",
+            "100000000",
+            "--no-cuda",
+            "--save-freq",
+            "0",
+            "--eval-freq",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
         time.sleep(0.5)
@@ -193,8 +249,9 @@ def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path
 
 def test_default_ppo_async_learns_to_push_the_cube(tmp_path):
     """Defaults with one version of staleness: most eval episodes succeed after 200k steps."""
-    out = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False,
-                                        eval_freq=0, save_freq=0))
+    out = ppo_async.main(
+        ppo_async.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0, save_freq=0)
+    )
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
     assert max(e["learner_version"] - e["behaviour_version"] for e in out["timeline"]) == 1
 

@@ -22,8 +22,16 @@ from tests.envs_for_tests import spaces
 
 SCRIPT = Path(ppo.__file__)
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"  # registered by a test module; its kwargs inject faults
-TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-            hidden_sizes=(32, 32), cuda=False)
+TINY = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    hidden_sizes=(32, 32),
+    cuda=False,
+)
 
 
 def tiny_args(tmp_path, **overrides) -> ppo.Args:
@@ -40,8 +48,7 @@ def finite_numbers(obj) -> bool:
 
 
 def test_smoke_run_writes_events_summary_checkpoints_and_video(tmp_path):
-    out = ppo.main(tiny_args(tmp_path, eval_freq=2, save_freq=2, capture_video=True, norm_obs=True,
-                             norm_reward=True))
+    out = ppo.main(tiny_args(tmp_path, eval_freq=2, save_freq=2, capture_video=True, norm_obs=True, norm_reward=True))
     run_dir = Path(out["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["script"] == "ppo_continuous" and summary["env_id"] == "PushCubeRL"
@@ -50,8 +57,13 @@ def test_smoke_run_writes_events_summary_checkpoints_and_video(tmp_path):
     assert summary["eval"]["success_rate"] is not None and 0.0 <= summary["eval"]["success_rate"] <= 1.0
     assert summary["eval"]["episodic_length"] > 0
     assert finite_numbers(summary["train"]) and finite_numbers(summary["eval"])
-    for name in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl", "charts/SPS",
-                 "losses/explained_variance"):
+    for name in (
+        "losses/value_loss",
+        "losses/policy_loss",
+        "losses/approx_kl",
+        "charts/SPS",
+        "losses/explained_variance",
+    ):
         assert name in summary["train"], name
     assert summary["versions"]["torch"] == torch.__version__
 
@@ -81,21 +93,24 @@ def test_runs_unchanged_on_pendulum(tmp_path):
     assert math.isfinite(summary["eval"]["episodic_return"])
 
 
-@pytest.mark.parametrize("overrides, flag", [
-    ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
-    ({"num_minibatches": 1000}, "--num-minibatches"),
-    ({"num_minibatches": 3}, "--num-minibatches"),
-    ({"num_envs": -1}, "--num-envs"),
-    ({"total_timesteps": 0}, "--total-timesteps"),
-    ({"resume": "/no/such/file.pt"}, "--resume"),
-    ({"env_kwargs": "not json"}, "--env-kwargs"),
-    ({"policy": "no_such_module:make_agent"}, "--policy"),
-    ({"policy": "toy_policies"}, "--policy"),
-    ({"policy": "toy_policies:without_forward"}, "forward"),  # a module that lacks the one-pass forward
-    ({"num_envs": 2, "num_steps": 2, "num_minibatches": 4}, "--num-minibatches"),  # minibatches of 1 sample
-    ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
-    ({"cudagraphs": True}, "--cudagraphs"),
-])
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+        ({"num_minibatches": 1000}, "--num-minibatches"),
+        ({"num_minibatches": 3}, "--num-minibatches"),
+        ({"num_envs": -1}, "--num-envs"),
+        ({"total_timesteps": 0}, "--total-timesteps"),
+        ({"resume": "/no/such/file.pt"}, "--resume"),
+        ({"env_kwargs": "not json"}, "--env-kwargs"),
+        ({"policy": "no_such_module:make_agent"}, "--policy"),
+        ({"policy": "toy_policies"}, "--policy"),
+        ({"policy": "toy_policies:without_forward"}, "forward"),  # a module that lacks the one-pass forward
+        ({"num_envs": 2, "num_steps": 2, "num_minibatches": 4}, "--num-minibatches"),  # minibatches of 1 sample
+        ({"env_kwargs": '{"no_such_option": 1}'}, "--env-kwargs"),
+        ({"cudagraphs": True}, "--cudagraphs"),
+    ],
+)
 def test_bad_input_is_one_clear_line(tmp_path, overrides, flag):
     if flag == "--cudagraphs" and torch.cuda.is_available():
         pytest.skip("--cudagraphs is valid where CUDA exists")
@@ -109,8 +124,9 @@ def test_bad_input_is_one_clear_line(tmp_path, overrides, flag):
 
 
 def test_bad_input_from_the_command_line_has_no_traceback():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--env-id", "NoSuchEnv-v0"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--env-id", "NoSuchEnv-v0"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -118,8 +134,9 @@ def test_bad_input_from_the_command_line_has_no_traceback():
 
 
 def test_resume_is_bit_identical_to_a_straight_run(tmp_path):
-    common = dict(total_timesteps=6 * 8 * 10, save_freq=3, eval_freq=2, norm_obs=True, norm_reward=True,
-                  torch_deterministic=True)
+    common = dict(
+        total_timesteps=6 * 8 * 10, save_freq=3, eval_freq=2, norm_obs=True, norm_reward=True, torch_deterministic=True
+    )
     straight = ppo.main(tiny_args(tmp_path / "a", **common))
     half = Path(straight["run_dir"]) / "checkpoints" / "iter_000003.pt"
     resumed = ppo.main(tiny_args(tmp_path / "b", resume=str(half), **common))
@@ -175,19 +192,31 @@ def test_non_finite_final_observation_is_named_not_blamed_on_the_loss(tmp_path):
     """A NaN in the last observation of an episode (seen only in info["final_obs"], the env has reset
     already) must stop the run with one line naming it, not spread through V(final_obs) into the loss."""
     with pytest.raises(SystemExit) as e:  # episodes terminate at their 4th step with a NaN final obs
-        ppo.main(tiny_args(tmp_path, env_id=TEST_ENV,
-                           env_kwargs='{"terminate_at_step": 4, "nan_final_obs": true, "success_radius": 0}'))
-    assert str(e.value.code).startswith("error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] "
-                                        "at global step 32"), e.value.code
+        ppo.main(
+            tiny_args(
+                tmp_path,
+                env_id=TEST_ENV,
+                env_kwargs='{"terminate_at_step": 4, "nan_final_obs": true, "success_radius": 0}',
+            )
+        )
+    assert str(e.value.code).startswith(
+        "error: non-finite observation from env(s) [0, 1, 2, 3, 4, 5, 6, 7] at global step 32"
+    ), e.value.code
 
 
 def test_compiled_and_eager_first_update_agree(tmp_path):
     torch.manual_seed(0)
     args = tiny_args(tmp_path)
     agent = ppo.Agent(*spaces(31, 7), args)
-    batch = TensorDict(obs=torch.randn(64, 31), action=torch.randn(64, 7), logprob=torch.randn(64) - 5,
-                           value=torch.randn(64), advantages=torch.randn(64), returns=torch.randn(64),
-                           batch_size=[64])
+    batch = TensorDict(
+        obs=torch.randn(64, 31),
+        action=torch.randn(64, 7),
+        logprob=torch.randn(64) - 5,
+        value=torch.randn(64),
+        advantages=torch.randn(64),
+        returns=torch.randn(64),
+        batch_size=[64],
+    )
     grads = []
     for loss_fn in (ppo.ppo_loss, torch.compile(ppo.ppo_loss)):
         agent.zero_grad()
@@ -212,10 +241,31 @@ def test_compile_flag_trains_and_saves_plain_state_dict(tmp_path):
 
 def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--num-envs", "8",
-                             "--num-steps", "10", "--num-minibatches", "2", "--total-timesteps", "100000000",
-                             "--no-cuda", "--save-freq", "0", "--eval-freq", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--output-dir",
+            str(tmp_path),
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "10",
+            "--num-minibatches",
+            "2",
+            "--total-timesteps",
+            "100000000",
+            "--no-cuda",
+            "--save-freq",
+            "0",
+            "--eval-freq",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
         time.sleep(0.5)
@@ -233,15 +283,20 @@ def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
 def test_default_ppo_learns_to_push_the_cube(tmp_path):
     """A short but real run at the default hyperparameters: a random policy succeeds in < 5% of
     episodes (tests/test_push_cube.py), PPO must get most eval episodes right after 200k steps."""
-    out = ppo.main(ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0,
-                            save_freq=0))
+    out = ppo.main(ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0, save_freq=0))
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
 
 
 def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path):
     envs_for_tests.CONSTRUCTED.clear()
-    ppo.main(tiny_args(tmp_path, env_id=TEST_ENV, env_kwargs='{"record": true, "terminate_at_step": 7}',
-                       eval_env_kwargs='{"record": true}'))
+    ppo.main(
+        tiny_args(
+            tmp_path,
+            env_id=TEST_ENV,
+            env_kwargs='{"record": true, "terminate_at_step": 7}',
+            eval_env_kwargs='{"record": true}',
+        )
+    )
     made = [c["terminate_at_step"] for c in envs_for_tests.CONSTRUCTED]
     assert sorted(made, key=str) == [7] * 8 + [None] * 4  # 8 training envs got it, the 4 eval envs did not
 
@@ -285,8 +340,14 @@ def test_non_finite_loss_steps_are_skipped_counted_and_eventually_stop(tmp_path)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())  # NaN never reached the weights
 
     with pytest.raises(SystemExit) as e:
-        ppo.main(tiny_args(tmp_path / "b", max_consecutive_skips=3, policy="toy_policies:nan_loss_every",
-                           policy_kwargs='{"every": 1}'))
+        ppo.main(
+            tiny_args(
+                tmp_path / "b",
+                max_consecutive_skips=3,
+                policy="toy_policies:nan_loss_every",
+                policy_kwargs='{"every": 1}',
+            )
+        )
     assert "3 optimizer steps in a row" in str(e.value.code) and "\n" not in str(e.value.code)
 
 

@@ -23,8 +23,16 @@ from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied import ppo_ddp as ddp
 from tests.envs_for_tests import spaces
 
-TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-            hidden_sizes=(32, 32), cuda=False)
+TINY = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    hidden_sizes=(32, 32),
+    cuda=False,
+)
 RUN = dict(TINY, total_timesteps=6 * 2 * 80, eval_freq=2, save_freq=3, norm_obs=True, norm_reward=True)
 
 
@@ -37,8 +45,15 @@ def grad_problem(batch_size: int = 64) -> tuple[ddp.Agent, TensorDict, ddp.Args]
     obs, action = torch.randn(batch_size, 31), torch.randn(batch_size, 7)
     with torch.no_grad():  # old log-probs near the current ones, so some ratios clip and some don't
         logprob = agent.dist(obs).log_prob(action).sum(-1) + 0.3 * torch.randn(batch_size)
-    batch = TensorDict(obs=obs, action=action, logprob=logprob, value=torch.randn(batch_size),
-                           advantages=torch.randn(batch_size), returns=torch.randn(batch_size), batch_size=[batch_size])
+    batch = TensorDict(
+        obs=obs,
+        action=action,
+        logprob=logprob,
+        value=torch.randn(batch_size),
+        advantages=torch.randn(batch_size),
+        returns=torch.randn(batch_size),
+        batch_size=[batch_size],
+    )
     return agent, batch, args
 
 
@@ -51,7 +66,7 @@ def worker(out_dir: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank(), world_size=2)
     agent, batch, args = grad_problem()
     half = batch.shape[0] // 2
-    loss, _ = ddp.ppo_loss(agent, batch[rank() * half:(rank() + 1) * half], args)
+    loss, _ = ddp.ppo_loss(agent, batch[rank() * half : (rank() + 1) * half], args)
     loss.backward()
     mean_loss = ddp.sync_gradients(list(agent.parameters()), 2, loss)
     torch.save({"grads": [p.grad for p in agent.parameters()], "loss": mean_loss}, out_dir / f"grads_{rank()}.pt")
@@ -70,8 +85,22 @@ def rank() -> int:
 def two_ranks(tmp_path_factory) -> tuple[Path, str]:
     out_dir = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           __file__, str(out_dir)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            __file__,
+            str(out_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     return out_dir, output
@@ -131,8 +160,10 @@ def test_two_rank_run_writes_one_run_dir_counting_both_ranks(two_ranks):
 def test_two_rank_resume_is_bit_identical_to_the_straight_run(two_ranks):
     out_dir, output = two_ranks
     assert "iterations=6 start=4 run_dir=" in output  # same world size: every rank's envs and RNG restored
-    straight, resumed = (torch.load(next((out_dir / d).iterdir()) / "checkpoints" / "last.pt", weights_only=True)
-                         for d in ("runs", "resumed"))
+    straight, resumed = (
+        torch.load(next((out_dir / d).iterdir()) / "checkpoints" / "last.pt", weights_only=True)
+        for d in ("runs", "resumed")
+    )
     assert resumed["global_step"] == straight["global_step"] == 960
     for key in straight["model"]:
         assert torch.equal(straight["model"][key], resumed["model"][key]), key
@@ -165,17 +196,20 @@ def test_world_of_one_without_torchrun_is_ppo_continuous_bit_for_bit(tmp_path):
     assert summary["world_size"] == 1 and summary["global_step"] == 320
 
 
-@pytest.mark.parametrize("overrides, flag", [
-    ({"num_minibatches": 3}, "--num-minibatches"),  # does not divide the per-rank batch 8*10
-    ({"num_minibatches": 1000}, "--num-minibatches"),
-    ({"num_envs": 0}, "--num-envs"),
-    ({"total_timesteps": -1}, "--total-timesteps"),
-    ({"dist_timeout_s": 0}, "--dist-timeout-s"),
-    ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
-    ({"env_kwargs": "not json"}, "--env-kwargs"),
-    ({"resume": "/no/such/file.pt"}, "--resume"),
-    ({"backend": "nccl"}, "--backend"),
-])
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        ({"num_minibatches": 3}, "--num-minibatches"),  # does not divide the per-rank batch 8*10
+        ({"num_minibatches": 1000}, "--num-minibatches"),
+        ({"num_envs": 0}, "--num-envs"),
+        ({"total_timesteps": -1}, "--total-timesteps"),
+        ({"dist_timeout_s": 0}, "--dist-timeout-s"),
+        ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+        ({"env_kwargs": "not json"}, "--env-kwargs"),
+        ({"resume": "/no/such/file.pt"}, "--resume"),
+        ({"backend": "nccl"}, "--backend"),
+    ],
+)
 def test_bad_input_is_one_line_before_any_process_group(tmp_path, monkeypatch, overrides, flag):
     if flag == "--backend" and torch.cuda.is_available():
         pytest.skip("--backend nccl is valid where CUDA exists")

@@ -15,11 +15,36 @@ from cleanrl_embodied import ppo_async, ppo_continuous, ppo_ddp
 from tests.envs_for_tests import spaces
 
 SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async}
-TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-            hidden_sizes=(32, 32), cuda=False, total_timesteps=2 * 80, eval_freq=1, save_freq=1, norm_obs=True,
-            norm_reward=True)
-COMMON_KEYS = {"script", "args", "model", "optimizer", "reward_rms", "reward_trace", "iteration", "global_step",
-               "num_iterations", "best_key", "obs_dim", "act_dim", "rng"}
+TINY = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    hidden_sizes=(32, 32),
+    cuda=False,
+    total_timesteps=2 * 80,
+    eval_freq=1,
+    save_freq=1,
+    norm_obs=True,
+    norm_reward=True,
+)
+COMMON_KEYS = {
+    "script",
+    "args",
+    "model",
+    "optimizer",
+    "reward_rms",
+    "reward_trace",
+    "iteration",
+    "global_step",
+    "num_iterations",
+    "best_key",
+    "obs_dim",
+    "act_dim",
+    "rng",
+}
 
 
 def args_for(name: str, tmp_path: Path, **overrides):
@@ -35,9 +60,15 @@ def test_gae_and_loss_are_the_same_in_every_copy():
     for adv, ret in outs[1:]:
         assert torch.equal(adv, outs[0][0]) and torch.equal(ret, outs[0][1])
 
-    batch = TensorDict(obs=torch.randn(32, 5, generator=g), action=torch.randn(32, 3, generator=g),
-                       logprob=torch.randn(32, generator=g) - 3, value=torch.randn(32, generator=g),
-                       advantages=torch.randn(32, generator=g), returns=torch.randn(32, generator=g), batch_size=[32])
+    batch = TensorDict(
+        obs=torch.randn(32, 5, generator=g),
+        action=torch.randn(32, 3, generator=g),
+        logprob=torch.randn(32, generator=g) - 3,
+        value=torch.randn(32, generator=g),
+        advantages=torch.randn(32, generator=g),
+        returns=torch.randn(32, generator=g),
+        batch_size=[32],
+    )
     results = []
     for name, module in SCRIPTS.items():
         torch.manual_seed(0)
@@ -53,15 +84,18 @@ def test_gae_and_loss_are_the_same_in_every_copy():
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-@pytest.mark.parametrize("overrides, message", [
-    ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
-    ({"gamma": 0.0}, "--gamma must be > 0, got 0.0"),
-    ({"gae_lambda": 1.01}, "--gae-lambda must be <= 1, got 1.01"),
-    ({"hidden_sizes": (64, 0)}, "--hidden-sizes must be one or more positive integers, got (64, 0)"),
-    ({"hidden_sizes": ()}, "--hidden-sizes must be one or more positive integers, got ()"),
-    ({"num_minibatches": 3}, "--num-minibatches must divide the 80 samples of a rollout"),  # 8 envs x 10 steps
-    ({"num_minibatches": 41}, "--num-minibatches must divide the 80 samples of a rollout"),  # minibatches of 1
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"gamma": 1.5}, "--gamma must be <= 1, got 1.5"),
+        ({"gamma": 0.0}, "--gamma must be > 0, got 0.0"),
+        ({"gae_lambda": 1.01}, "--gae-lambda must be <= 1, got 1.01"),
+        ({"hidden_sizes": (64, 0)}, "--hidden-sizes must be one or more positive integers, got (64, 0)"),
+        ({"hidden_sizes": ()}, "--hidden-sizes must be one or more positive integers, got ()"),
+        ({"num_minibatches": 3}, "--num-minibatches must divide the 80 samples of a rollout"),  # 8 envs x 10 steps
+        ({"num_minibatches": 41}, "--num-minibatches must divide the 80 samples of a rollout"),  # minibatches of 1
+    ],
+)
 def test_the_same_bad_input_gets_the_same_line(tmp_path, name, overrides, message):
     with pytest.raises(SystemExit) as e:
         SCRIPTS[name].main(args_for(name, tmp_path, **overrides))
@@ -93,8 +127,10 @@ def test_one_checkpoint_layout_and_the_same_resume_rules(tmp_path, name):
         with pytest.raises(SystemExit) as e:
             SCRIPTS[name].main(args_for(name, tmp_path / "d", **{flag: str(other)}))
         message = str(e.value.code)
-        assert message.startswith(f"error: --{flag.replace('_', '-')}: the checkpoint has observation/action sizes "
-                                  f"{ckpt['obs_dim'] + 1}/{ckpt['act_dim']}, the env here {ckpt['obs_dim']}/"), message
+        assert message.startswith(
+            f"error: --{flag.replace('_', '-')}: the checkpoint has observation/action sizes "
+            f"{ckpt['obs_dim'] + 1}/{ckpt['act_dim']}, the env here {ckpt['obs_dim']}/"
+        ), message
         assert "\n" not in message
 
     # training longer: the LR follows the schedule of a run planned with the new total (announced)
@@ -109,7 +145,16 @@ def test_a_diverged_run_stops_with_the_same_line(tmp_path, name):
     # every training forward gives a NaN loss: the first 3 optimizer steps are skipped, then the run stops; the
     # step named is the one the first iteration logs at (its 8 envs x 10 steps)
     with pytest.raises(SystemExit) as e:
-        SCRIPTS[name].main(args_for(name, tmp_path, max_consecutive_skips=3, policy="toy_policies:nan_loss_every",
-                                    policy_kwargs='{"every": 1}'))
-    assert str(e.value.code) == ("error: 3 optimizer steps in a row had a non-finite loss or gradient (last at "
-                                 "global step 80); lower --learning-rate or check the env")
+        SCRIPTS[name].main(
+            args_for(
+                name,
+                tmp_path,
+                max_consecutive_skips=3,
+                policy="toy_policies:nan_loss_every",
+                policy_kwargs='{"every": 1}',
+            )
+        )
+    assert str(e.value.code) == (
+        "error: 3 optimizer steps in a row had a non-finite loss or gradient (last at "
+        "global step 80); lower --learning-rate or check the env"
+    )

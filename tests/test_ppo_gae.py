@@ -29,10 +29,10 @@ def make_rollout(T=7, N=5, seed=0):
     last_value = torch.randn(N, generator=g)
     terminated = torch.zeros(T, N, dtype=torch.bool)
     truncated = torch.zeros(T, N, dtype=torch.bool)
-    terminated[2, 0] = True          # termination mid-rollout
-    truncated[4, 1] = True           # truncation mid-rollout
-    terminated[T - 1, 2] = True      # termination at the last step
-    truncated[T - 1, 3] = True       # truncation at the last step
+    terminated[2, 0] = True  # termination mid-rollout
+    truncated[4, 1] = True  # truncation mid-rollout
+    terminated[T - 1, 2] = True  # termination at the last step
+    truncated[T - 1, 3] = True  # truncation at the last step
     terminated[1, 4] = truncated[3, 4] = True  # both kinds in one env
     dones = terminated | truncated
     next_values = torch.cat([values[1:], last_value[None]])

@@ -156,7 +156,8 @@ def test_damped_least_squares_solves_the_jacobian_system():
     dq = franka.damped_least_squares(jacobian, dx, damping=1e-3)
     assert torch.allclose(torch.einsum("nij,nj->ni", jacobian, dq), dx, atol=1e-5)
     reference = jacobian.transpose(1, 2) @ torch.linalg.solve(
-        jacobian @ jacobian.transpose(1, 2) + 1e-6 * torch.eye(3), dx.unsqueeze(-1))
+        jacobian @ jacobian.transpose(1, 2) + 1e-6 * torch.eye(3), dx.unsqueeze(-1)
+    )
     assert torch.allclose(dq, reference.squeeze(-1), atol=1e-4)
 
 
@@ -211,8 +212,12 @@ def test_reward_weights_select_and_scale_terms():
 
 # --------------------------------------------------------------------------- events
 def test_reset_randomization_of_parameters_and_noise_levels():
-    ranges = {"cube_half_size": [0.015, 0.025], "push_friction": [0.2, 0.8], "obs_noise_std": [0.0, 0.02],
-              "action_noise_std": [0.05, 0.1]}
+    ranges = {
+        "cube_half_size": [0.015, 0.025],
+        "push_friction": [0.2, 0.8],
+        "obs_noise_std": [0.0, 0.02],
+        "action_noise_std": [0.05, 0.1],
+    }
     env = PushCubeRLVecEnv(num_envs=512, seed=0, randomize=ranges)
     env.reset(seed=0)
     for name, (low, high) in ranges.items():
@@ -241,8 +246,15 @@ def test_interval_and_step_events_fire_at_their_steps_only():
 
 
 def test_make_env_passes_json_style_kwargs():
-    env = make_env("PushCubeRL", num_envs=4, seed=0, randomize={"cube_half_size": [0.015, 0.025]},
-                   reward_weights={"action_rate": 0.05}, action_mode="ee_delta_pos", randomize_at=[5])
+    env = make_env(
+        "PushCubeRL",
+        num_envs=4,
+        seed=0,
+        randomize={"cube_half_size": [0.015, 0.025]},
+        reward_weights={"action_rate": 0.05},
+        action_mode="ee_delta_pos",
+        randomize_at=[5],
+    )
     obs, _ = env.reset(seed=0)
     _, _, _, _, info = env.step(torch.zeros(4, 3))
     assert "action_rate" in info["rewards"] and obs.shape == (4, 31)

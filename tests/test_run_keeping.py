@@ -15,8 +15,17 @@ from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.evaluation import evaluate, evaluation_seed
 from cleanrl_embodied.shared.runtime import SkipGuard
 
-TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-            hidden_sizes=(32, 32), cuda=False, eval_freq=0)
+TINY = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    hidden_sizes=(32, 32),
+    cuda=False,
+    eval_freq=0,
+)
 
 
 def test_every_evaluation_starts_from_fresh_reproducible_starts():
@@ -62,15 +71,26 @@ def test_a_user_mistake_is_one_line_and_exit_status_1():
 
 def test_the_skip_guard_counts_refusals_and_stops_only_on_a_run_of_them():
     guard, nan, one = SkipGuard(max_consecutive=3), torch.tensor(float("nan")), torch.tensor(1.0)
-    verdicts = [guard.ok(loss, norm, 7) for loss, norm in [(nan, one), (one, nan), (one, one), (nan, one),
-                                                           (one, torch.tensor(float("inf"))), (one, one)]]
+    verdicts = [
+        guard.ok(loss, norm, 7)
+        for loss, norm in [
+            (nan, one),
+            (one, nan),
+            (one, one),
+            (nan, one),
+            (one, torch.tensor(float("inf"))),
+            (one, one),
+        ]
+    ]
     assert verdicts == [False, False, True, False, False, True]
     assert guard.skipped == 4 and guard.consecutive == 0  # a finite step ends a run of refusals
     assert not guard.ok(nan, one, 8) and not guard.ok(nan, one, 9)
     with pytest.raises(SystemExit) as e:
         guard.ok(nan, one, 10)
-    assert e.value.code == ("error: 3 optimizer steps in a row had a non-finite loss or gradient (last at global "
-                            "step 10); lower --learning-rate or check the env")
+    assert e.value.code == (
+        "error: 3 optimizer steps in a row had a non-finite loss or gradient (last at global "
+        "step 10); lower --learning-rate or check the env"
+    )
 
 
 def test_reward_terms_are_logged_as_iteration_means(tmp_path):

@@ -27,8 +27,20 @@ SIZE = 36
 ENV_KWARGS = json.dumps({"obs_mode": "rgb", "image_size": SIZE})
 POLICY = "examples.tiny_vla:make_policy"
 PPO_ITERATIONS = 4
-PPO = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-           eval_freq=0, save_freq=0, cuda=False, env_kwargs=ENV_KWARGS, eval_env_kwargs=ENV_KWARGS, policy=POLICY)
+PPO = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=4,
+    num_eval_episodes=4,
+    eval_freq=0,
+    save_freq=0,
+    cuda=False,
+    env_kwargs=ENV_KWARGS,
+    eval_env_kwargs=ENV_KWARGS,
+    policy=POLICY,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +82,12 @@ def pretrained(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def ppo_run(pretrained, tmp_path_factory) -> dict:
     out_dir = tmp_path_factory.mktemp("ppo")
-    args = ppo_async.Args(**PPO, output_dir=str(out_dir), total_timesteps=PPO_ITERATIONS * 80,
-                          policy_kwargs=json.dumps({"model_path": pretrained}))
+    args = ppo_async.Args(
+        **PPO,
+        output_dir=str(out_dir),
+        total_timesteps=PPO_ITERATIONS * 80,
+        policy_kwargs=json.dumps({"model_path": pretrained}),
+    )
     return ppo_async.main(args) | {"args": args}
 
 
@@ -86,8 +102,9 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     assert blob["model_config"]["image_size"] == (SIZE, 40) and blob["model_config"]["instruction"] == "push it"
     loaded = load_pretrained(tmp_path / "m.pt")
     assert type(loaded) is TinyVLA and loaded.config == model.config
-    obs = TensorDict(rgb=torch.randint(0, 256, (5, 3, SIZE, 40), dtype=torch.uint8), state=torch.randn(5, 31),
-                     batch_size=[5])
+    obs = TensorDict(
+        rgb=torch.randint(0, 256, (5, 3, SIZE, 40), dtype=torch.uint8), state=torch.randn(5, 31), batch_size=[5]
+    )
     with torch.no_grad():
         (d1, v1), (d2, v2) = model(obs), loaded(obs)
         other = TinyVLA(TinyVLAConfig(image_size=(SIZE, 40), state_dim=31)).dist(obs).mean  # another init differs
@@ -102,9 +119,14 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
 def test_script_writes_a_file_that_names_the_importable_class(tmp_path):
     """`python examples/tiny_vla.py --out F` (the README's first step) runs as __main__ yet records the class
     under its importable name, so the trainers can rebuild it; it reports the inference latency."""
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "tiny_vla.py"), "--out", str(tmp_path / "f.pt"),
-                          "--image-size", "40"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "tiny_vla.py"), "--out", str(tmp_path / "f.pt"), "--image-size", "40"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr
     assert re.search(r"inference [0-9.]+ ms per call \(median, batch 8, 40x40", out.stdout), out.stdout
     assert torch.load(tmp_path / "f.pt", weights_only=True)["model_class"] == "examples.tiny_vla:TinyVLA"
@@ -114,13 +136,19 @@ def test_script_writes_a_file_that_names_the_importable_class(tmp_path):
 def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
     args = ppo_async.Args()
     assert make_policy(*rgb_spaces(), args, model_path=pretrained).config.image_size == (SIZE, SIZE)
-    for obs_space, act_space, needle in ((*rgb_spaces(size=48), "(3, 36, 36)"), (*rgb_spaces(act_dim=3), "(3,)"),
-                                         (gym.spaces.Box(-1, 1, (31,)), rgb_spaces()[1], "obs_mode")):
+    for obs_space, act_space, needle in (
+        (*rgb_spaces(size=48), "(3, 36, 36)"),
+        (*rgb_spaces(act_dim=3), "(3,)"),
+        (gym.spaces.Box(-1, 1, (31,)), rgb_spaces()[1], "obs_mode"),
+    ):
         with pytest.raises(SystemExit) as excinfo:
             make_policy(obs_space, act_space, args, model_path=pretrained)
         assert needle in one_line_exit(excinfo)
-    for kwargs, needle in (({"model_path": pretrained, "width": 8}, "fixes the config"),
-                           ({"widht": 8}, "widht"), ({"model_path": str(tmp_path / "none.pt")}, "none.pt")):
+    for kwargs, needle in (
+        ({"model_path": pretrained, "width": 8}, "fixes the config"),
+        ({"widht": 8}, "widht"),
+        ({"model_path": str(tmp_path / "none.pt")}, "none.pt"),
+    ):
         with pytest.raises(SystemExit) as excinfo:
             make_policy(*rgb_spaces(), args, **kwargs)
         assert needle in one_line_exit(excinfo)
@@ -135,8 +163,13 @@ def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
     # through a trainer: the env's images are 48 x 48, the pretrained model reads 36 x 36
     big = json.dumps({"obs_mode": "rgb", "image_size": 48})
     with pytest.raises(SystemExit) as excinfo:
-        ppo_async.main(ppo_async.Args(**{**PPO, "env_kwargs": big, "eval_env_kwargs": big}, output_dir=str(tmp_path),
-                                      policy_kwargs=json.dumps({"model_path": pretrained})))
+        ppo_async.main(
+            ppo_async.Args(
+                **{**PPO, "env_kwargs": big, "eval_env_kwargs": big},
+                output_dir=str(tmp_path),
+                policy_kwargs=json.dumps({"model_path": pretrained}),
+            )
+        )
     assert "48" in one_line_exit(excinfo)
 
 
@@ -154,12 +187,20 @@ def test_ppo_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrai
     assert torch.equal(ckpt["model"]["instruction"], start["instruction"])  # a buffer: fixed
     # --eval-checkpoint rebuilds the policy through the factory and gives the training's final evaluation
     args = ppo_run["args"]
-    ev = ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs=args.policy_kwargs,
-                                       eval_checkpoint=str(last)))
+    ev = ppo_async.main(
+        ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs=args.policy_kwargs, eval_checkpoint=str(last))
+    )
     assert ev["eval"] == ppo_run["eval"] and ev["global_step"] == PPO_ITERATIONS * 80
     # --resume continues the run for one more iteration
-    res = ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs=args.policy_kwargs,
-                                        resume=str(last), total_timesteps=(PPO_ITERATIONS + 1) * 80))
+    res = ppo_async.main(
+        ppo_async.Args(
+            **PPO,
+            output_dir=str(tmp_path),
+            policy_kwargs=args.policy_kwargs,
+            resume=str(last),
+            total_timesteps=(PPO_ITERATIONS + 1) * 80,
+        )
+    )
     assert res["global_step"] == (PPO_ITERATIONS + 1) * 80 and len(res["timeline"]) == 1
     with pytest.raises(SystemExit) as excinfo:  # the checkpoint records the policy: another one is refused
         ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs="{}", eval_checkpoint=str(last)))
@@ -168,11 +209,26 @@ def test_ppo_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrai
 
 def test_grpo_fine_tunes_the_ppo_async_checkpoint_with_a_kl_penalty(tmp_path, ppo_run):
     ppo_ckpt = Path(ppo_run["run_dir"]) / "checkpoints" / "last.pt"
-    args = grpo.Args(env_kwargs=ENV_KWARGS, eval_env_kwargs=ENV_KWARGS, policy=POLICY,
-                     policy_kwargs=ppo_run["args"].policy_kwargs, ref_checkpoint=str(ppo_ckpt), kl_coef=0.02,
-                     num_envs=8, group_size=4, num_steps=10, total_timesteps=2 * 80, num_minibatches=2,
-                     update_epochs=2, eval_freq=0, save_freq=0, num_eval_envs=4, num_eval_episodes=4,
-                     output_dir=str(tmp_path), cuda=False)
+    args = grpo.Args(
+        env_kwargs=ENV_KWARGS,
+        eval_env_kwargs=ENV_KWARGS,
+        policy=POLICY,
+        policy_kwargs=ppo_run["args"].policy_kwargs,
+        ref_checkpoint=str(ppo_ckpt),
+        kl_coef=0.02,
+        num_envs=8,
+        group_size=4,
+        num_steps=10,
+        total_timesteps=2 * 80,
+        num_minibatches=2,
+        update_epochs=2,
+        eval_freq=0,
+        save_freq=0,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     out = grpo.main(args)
     ckpt, reference = torch.load(out["checkpoint"], weights_only=True), torch.load(ppo_ckpt, weights_only=True)
     assert ckpt["args"]["kl_coef"] == 0.02

@@ -24,8 +24,9 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def load_checkpoint(path: str, flag_name: str, scripts: Iterable[str], args: Any, same: Iterable[str],
-                    show: bool = True) -> dict:
+def load_checkpoint(
+    path: str, flag_name: str, scripts: Iterable[str], args: Any, same: Iterable[str], show: bool = True
+) -> dict:
     """Load ``path`` on the CPU (``weights_only=True``) and check it can serve this run.
 
     ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry); ``same``: Args fields
@@ -42,18 +43,25 @@ def load_checkpoint(path: str, flag_name: str, scripts: Iterable[str], args: Any
         fail(f"{flag(flag_name)} {path}: not a readable checkpoint ({type(e).__name__}: {reason})", show)
     if not isinstance(ckpt, dict) or ckpt.get("script") not in scripts or not isinstance(ckpt.get("args"), dict):
         found = ckpt.get("script") if isinstance(ckpt, dict) else None
-        fail(f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)}"
-             + (f" (it is from {found}.py)" if found else ""), show)
+        fail(
+            f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)}"
+            + (f" (it is from {found}.py)" if found else ""),
+            show,
+        )
     for key in same:
         theirs, ours = ckpt["args"].get(key), getattr(args, key)
         if _plain(theirs) != _plain(ours):
-            fail(f"{flag(flag_name)} {path} was trained with {flag(key)} {theirs}, this run has {ours}; "
-                 "pass the same value", show)
+            fail(
+                f"{flag(flag_name)} {path} was trained with {flag(key)} {theirs}, this run has {ours}; "
+                "pass the same value",
+                show,
+            )
     return ckpt
 
 
-def load_start(args: Any, scripts: Iterable[str], same: tuple[str, ...], resume_same: tuple[str, ...] = (),
-               read: bool = True) -> tuple[dict | None, str]:
+def load_start(
+    args: Any, scripts: Iterable[str], same: tuple[str, ...], resume_same: tuple[str, ...] = (), read: bool = True
+) -> tuple[dict | None, str]:
     """The checkpoint ``--resume`` or ``--eval-checkpoint`` names (None if neither is given) and that flag's
     name, for later messages. ``same``: the Args fields both uses must share with the checkpoint (the network
     and what it sees); ``resume_same``: the further fields a resumed run must keep (see ``load_checkpoint``).
@@ -70,8 +78,11 @@ def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -
     obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
     for ckpt, flag_name in checkpoints:
         if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
-            fail(f"{flag(flag_name)}: the checkpoint has observation/action sizes {ckpt['obs_dim']}/{ckpt['act_dim']}, "
-                 f"the env here {obs_dim}/{act_dim} (pass the env options it was trained with)", show)
+            fail(
+                f"{flag(flag_name)}: the checkpoint has observation/action sizes {ckpt['obs_dim']}/{ckpt['act_dim']}, "
+                f"the env here {obs_dim}/{act_dim} (pass the env options it was trained with)",
+                show,
+            )
     return obs_dim, act_dim
 
 
@@ -79,9 +90,12 @@ def rng_state() -> dict:
     """Python's, NumPy's and torch's (CPU and this process's CUDA device) random states, as tensors and
     plain values that ``torch.load(weights_only=True)`` can read back."""
     np_state = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
-            "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
+        "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -102,6 +116,8 @@ def note_schedule_change(ckpt: dict, num_iterations: int, learning_rate: float, 
     done, old_total = ckpt["iteration"], ckpt["num_iterations"]
     if old_total != num_iterations:
         lr = lambda total: learning_rate * max(1.0 - done / total, 0.0)  # noqa: E731 - the LR of iteration done + 1
-        say(f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
+        say(
+            f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
             f"the {num_iterations}-iteration schedule, {lr(num_iterations):.3g} at iteration {done + 1} "
-            f"(the old schedule had {lr(old_total):.3g})")
+            f"(the old schedule had {lr(old_total):.3g})"
+        )

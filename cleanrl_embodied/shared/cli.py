@@ -20,6 +20,7 @@ from cleanrl_embodied.shared.envs import check_env_id, make_env
 
 __all__ = ["RunArgs", "UsageError", "build_env", "build_policy", "check_args", "fail", "flag", "load_factory"]
 
+
 @dataclass
 class RunArgs:
     """The flags every trainer has: where a run goes and what it records, the envs, evaluation, checkpoints,
@@ -92,10 +93,18 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-               at_most_one: Iterable[str] = (), sizes: Iterable[str] = ("hidden_sizes",),
-               minibatches_of: int | None = None, json_objects: Iterable[str] = (), files: Iterable[str] = (),
-               env_id: bool = True, show: bool = True) -> None:
+def check_args(
+    args: Any,
+    positive: Iterable[str] = (),
+    non_negative: Iterable[str] = (),
+    at_most_one: Iterable[str] = (),
+    sizes: Iterable[str] = ("hidden_sizes",),
+    minibatches_of: int | None = None,
+    json_objects: Iterable[str] = (),
+    files: Iterable[str] = (),
+    env_id: bool = True,
+    show: bool = True,
+) -> None:
     """The checks every trainer makes, each failing with one line naming the flag: fields that must be
     > 0 (None skips), >= 0, <= 1 (discounts, lambdas), non-empty tuples of positive integers (layer sizes),
     JSON objects (env kwargs), paths of existing files (None skips), a known env id. ``minibatches_of``: the
@@ -122,8 +131,11 @@ def check_args(args: Any, positive: Iterable[str] = (), non_negative: Iterable[s
             fail(f"{flag(name)} must be one or more positive integers, got {value}", show)
     n = getattr(args, "num_minibatches", None)
     if minibatches_of is not None and (n > minibatches_of // 2 or minibatches_of % n):
-        fail(f"--num-minibatches must divide the {minibatches_of} samples of a rollout (--num-envs x --num-steps) into "
-             f"equal minibatches of at least 2 (advantages are normalized per minibatch), got {n}", show)
+        fail(
+            f"--num-minibatches must divide the {minibatches_of} samples of a rollout (--num-envs x --num-steps) into "
+            f"equal minibatches of at least 2 (advantages are normalized per minibatch), got {n}",
+            show,
+        )
     for name in json_objects:
         try:
             ok = isinstance(json.loads(getattr(args, name)), dict)
@@ -147,15 +159,23 @@ def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: tor
     argument becomes one line naming the flag that carried it. ``like``: envs (the eval envs) whose observation
     and action spaces these must have, since one policy acts in both."""
     try:
-        envs = make_env(args.env_id, num_envs=num_envs, device=device, seed=seed,
-                        vectorization=args.env_vectorization, **json.loads(getattr(args, kwargs_flag)))
+        envs = make_env(
+            args.env_id,
+            num_envs=num_envs,
+            device=device,
+            seed=seed,
+            vectorization=args.env_vectorization,
+            **json.loads(getattr(args, kwargs_flag)),
+        )
     except (TypeError, ValueError) as e:
         fail(f"{flag(kwargs_flag)} / --env-id {args.env_id}: {e}")
     for name in ("single_observation_space", "single_action_space") if like is not None else ():
         if getattr(envs, name) != getattr(like, name):
-            fail(f"{flag(kwargs_flag)} and --eval-env-kwargs give envs of different {name.split('_')[1]} spaces "
-                 f"({getattr(envs, name)} vs {getattr(like, name)}): options that change them (e.g. obs_mode, "
-                 f"image_size, action_mode) must be given in both")
+            fail(
+                f"{flag(kwargs_flag)} and --eval-env-kwargs give envs of different {name.split('_')[1]} spaces "
+                f"({getattr(envs, name)} vs {getattr(like, name)}): options that change them (e.g. obs_mode, "
+                f"image_size, action_mode) must be given in both"
+            )
     return envs
 
 
@@ -184,8 +204,11 @@ def build_policy(args: Any, envs, needs: Iterable[str]) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module):
         fail(f"--policy {spec}: the factory must return a torch.nn.Module, got {type(module).__name__}")
     # every nn.Module has a `forward` attribute (one that raises): only a class's own counts as provided
-    missing = [name for name in needs if not hasattr(module, name)
-               or (name == "forward" and type(module).forward is torch.nn.Module.forward)]
+    missing = [
+        name
+        for name in needs
+        if not hasattr(module, name) or (name == "forward" and type(module).forward is torch.nn.Module.forward)
+    ]
     if missing:
         fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/POLICIES.md: what a policy provides)")
     return module

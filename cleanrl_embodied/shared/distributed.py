@@ -24,8 +24,10 @@ def _join(backend: str, cuda: bool, timeout_s: int, create: bool) -> tuple[torch
     device, local_rank = torch.device("cpu"), int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         if local_rank >= torch.cuda.device_count():
-            fail(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) here: one GPU per rank, "
-                 "so lower torchrun's --nproc-per-node")
+            fail(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) here: one GPU per rank, "
+                "so lower torchrun's --nproc-per-node"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed/timed-out NCCL op aborts the rank
@@ -36,8 +38,9 @@ def _join(backend: str, cuda: bool, timeout_s: int, create: bool) -> tuple[torch
     if "MASTER_ADDR" in os.environ:  # launched by torchrun (or another launcher that sets the env:// variables)
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
-                                device_id=device_id)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, device_id=device_id
+        )
     if backend == "gloo" and dist.get_world_size() > 1:
         dist.monitored_barrier(timeout=timeout)  # names the rank that never arrived
     return device, backend
@@ -59,8 +62,10 @@ def process_group(backend: str, cuda: bool, timeout_s: int) -> Iterator[tuple[to
         if not isinstance(e, dist.DistError) and f"torch{os.sep}distributed" not in tb.tb_frame.f_code.co_filename:
             raise
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fail(f"rank {rank}: lost another rank ({reason}); see that rank's output. A slow but live rank "
-             f"needs a larger --dist-timeout-s (now {timeout_s})")
+        fail(
+            f"rank {rank}: lost another rank ({reason}); see that rank's output. A slow but live rank "
+            f"needs a larger --dist-timeout-s (now {timeout_s})"
+        )
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -35,12 +35,18 @@ class PixelEncoder(nn.Module):
         self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
         for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
             convs = nn.Sequential(
-                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             flat = convs(torch.zeros(1, channels, height, width)).shape[1]
-            self.cnns.append(nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features),
-                                           nn.Tanh()))
+            self.cnns.append(
+                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+            )
         self.out_dim = features * len(self.keys) + state_dim
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:

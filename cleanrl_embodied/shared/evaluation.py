@@ -76,8 +76,9 @@ class Evaluator:
         frames = [] if self.capture_video else None
         result = evaluate(act, self.env, self.num_episodes, evaluation_seed(self.seed, global_step), frames)
         result["global_step"] = global_step
-        self.logger.log({f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None},
-                        global_step)
+        self.logger.log(
+            {f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None}, global_step
+        )
         if frames is not None and (not frames or frames[0] is None):
             self.logger.write("warning: the eval env cannot render here; no video, training goes on")
             self.capture_video = False

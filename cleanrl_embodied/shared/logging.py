@@ -492,12 +492,21 @@ class RunLogger:
         return _atomic_write(self.run_dir / "summary.json", lambda f: f.write(text.encode()))
 
     # -- shutdown -------------------------------------------------------------------------------
-    def finish(self, global_step: int, wall_time_s: float, sps: float, eval: Mapping[str, Any] | None,
-               checkpoint: str | os.PathLike | None, exit_code: int = 0, **extra: Any) -> Path:
+    def finish(
+        self,
+        global_step: int,
+        wall_time_s: float,
+        sps: float,
+        eval: Mapping[str, Any] | None,
+        checkpoint: str | os.PathLike | None,
+        exit_code: int = 0,
+        **extra: Any,
+    ) -> Path:
         """The end of a run (also after Ctrl-C or an error): write summary.json, print the ``done:`` line,
         close. Returns the summary path."""
-        path = self.write_summary(global_step=global_step, wall_time_s=wall_time_s, sps=sps, eval=eval,
-                                  checkpoint=checkpoint, **extra)
+        path = self.write_summary(
+            global_step=global_step, wall_time_s=wall_time_s, sps=sps, eval=eval, checkpoint=checkpoint, **extra
+        )
         more = "".join(f" {k}={v}" for k, v in extra.items())
         self.write(f"done: global_step={global_step} wall_time={wall_time_s:.1f}s{more} eval={eval}")
         self.close(exit_code=exit_code)

@@ -37,8 +37,9 @@ class StopFlag:
     torchrun forwards the signal again). Use as a context manager: the previous handlers come back.
     """
 
-    def __init__(self, say: Callable[[str], None], signals: tuple[int, ...] = (signal.SIGINT,),
-                 absorb_repeats: bool = False):
+    def __init__(
+        self, say: Callable[[str], None], signals: tuple[int, ...] = (signal.SIGINT,), absorb_repeats: bool = False
+    ):
         self.say, self.signals, self.absorb_repeats = say, signals, absorb_repeats
         self.requested = False
         self._previous: dict[int, Any] = {}
@@ -74,8 +75,11 @@ class SkipGuard:
             return True
         self.skipped, self.consecutive = self.skipped + 1, self.consecutive + 1
         if self.consecutive >= self.max_consecutive:
-            fail(f"{self.consecutive} optimizer steps in a row had a non-finite loss or gradient (last at global "
-                 f"step {global_step}); lower --learning-rate or check the env", self.show)
+            fail(
+                f"{self.consecutive} optimizer steps in a row had a non-finite loss or gradient (last at global "
+                f"step {global_step}); lower --learning-rate or check the env",
+                self.show,
+            )
         return False
 
 
@@ -98,8 +102,9 @@ class NonFiniteWatch:
         """The final observations of the envs whose episode ended (``done``) at rollout step ``step``."""
         self._note(0, step, done & ~finite_rows(final_obs))
 
-    def update_rollout(self, obs: torch.Tensor | TensorDict, last_obs: torch.Tensor | TensorDict,
-                       rewards: torch.Tensor) -> None:
+    def update_rollout(
+        self, obs: torch.Tensor | TensorDict, last_obs: torch.Tensor | TensorDict, rewards: torch.Tensor
+    ) -> None:
         """After a rollout of T steps: ``obs`` [T, N, ...] as stored (``obs[t]`` is what action t saw, so
         ``obs[0]`` came before the rollout: step -1), ``last_obs`` the obs after the last step, ``rewards`` [T, N]."""
         steps = torch.arange(-1, rewards.shape[0], device=rewards.device)

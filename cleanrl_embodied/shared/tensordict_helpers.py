@@ -84,8 +84,11 @@ def zeros_like_space(space: gym.Space, batch_shape: tuple[int, ...], device) -> 
     """Zeros shaped like ``batch_shape`` observations of ``space``, in its dtypes (uint8 images stay uint8): a
     tensor for a Box, a TensorDict of the same nesting for a Dict."""
     if isinstance(space, gym.spaces.Dict):
-        return TensorDict({key: zeros_like_space(sub, batch_shape, device) for key, sub in space.spaces.items()},
-                          batch_size=batch_shape, device=device)
+        return TensorDict(
+            {key: zeros_like_space(sub, batch_shape, device) for key, sub in space.spaces.items()},
+            batch_size=batch_shape,
+            device=device,
+        )
     dtype = torch.from_numpy(np.zeros((), space.dtype)).dtype
     return torch.zeros((*batch_shape, *space.shape), dtype=dtype, device=device)
 
@@ -112,7 +115,9 @@ def flat_dim(space: gym.Space) -> int:
 
 
 def rollout_storage(
-    num_steps: int, num_envs: int, device: torch.device | str,
+    num_steps: int,
+    num_envs: int,
+    device: torch.device | str,
     **fields: tuple[tuple[int, ...], torch.dtype] | gym.Space,
 ) -> TensorDict:
     """Preallocate a [num_steps, num_envs] TensorDict with zeros per field: ``(shape, dtype)``, or a Gymnasium
@@ -122,9 +127,12 @@ def rollout_storage(
     """
     batch = (num_steps, num_envs)
     return TensorDict(
-        {name: zeros_like_space(spec, batch, device) if isinstance(spec, gym.Space)
-         else torch.zeros((*batch, *spec[0]), dtype=spec[1], device=device) for name, spec in fields.items()},
+        {
+            name: zeros_like_space(spec, batch, device)
+            if isinstance(spec, gym.Space)
+            else torch.zeros((*batch, *spec[0]), dtype=spec[1], device=device)
+            for name, spec in fields.items()
+        },
         batch_size=batch,
         device=device,
     )
-

@@ -76,17 +76,24 @@ def _import_env_module(env_id: str, module: str) -> None:
                 continue
             top = missing.split(".")[0]
             if importlib.util.find_spec(top) is not None:  # installed, yet a submodule is missing: no install hint
-                raise ValueError(f"--env-id {env_id!r}: importing module {module!r} failed "
-                                 f"(No module named {missing!r})") from None
+                raise ValueError(
+                    f"--env-id {env_id!r}: importing module {module!r} failed (No module named {missing!r})"
+                ) from None
             package = top.replace("_", "-")  # the usual distribution name of an importable name
-            what = f"module {module!r} can't be imported" if not_found else (
-                f"module {module!r} needs {missing!r}, which can't be imported")
-            raise ValueError(f"--env-id {env_id!r}: {what}; install the package that provides it, e.g. "
-                             f"`uv pip install {package}` (without uv: `pip install {package}`)") from None
+            what = (
+                f"module {module!r} can't be imported"
+                if not_found
+                else (f"module {module!r} needs {missing!r}, which can't be imported")
+            )
+            raise ValueError(
+                f"--env-id {env_id!r}: {what}; install the package that provides it, e.g. "
+                f"`uv pip install {package}` (without uv: `pip install {package}`)"
+            ) from None
         except Exception as e:  # the module itself is broken: say how, in one line
             reason = (str(e).splitlines() or [""])[0]
-            raise ValueError(f"--env-id {env_id!r}: importing module {module!r} failed "
-                             f"({type(e).__name__}: {reason})") from None
+            raise ValueError(
+                f"--env-id {env_id!r}: importing module {module!r} failed ({type(e).__name__}: {reason})"
+            ) from None
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -96,8 +103,10 @@ def resolve_env_id(env_id: str) -> str:
         return env_id
     module, _, name = env_id.partition(":")
     if not module or not name or ":" in name:
-        raise ValueError(f"--env-id {env_id!r}: use an id (e.g. Pendulum-v1) or module:EnvId "
-                         "(e.g. gymnasium_robotics:PointMaze_UMazeDense-v3), with one ':'")
+        raise ValueError(
+            f"--env-id {env_id!r}: use an id (e.g. Pendulum-v1) or module:EnvId "
+            "(e.g. gymnasium_robotics:PointMaze_UMazeDense-v3), with one ':'"
+        )
     _import_env_module(env_id, module)
     return name
 
@@ -112,8 +121,10 @@ def check_env_id(env_id: str) -> str:
     close = difflib.get_close_matches(name, [*BUILTIN_ENV_IDS, *gym.registry], n=3, cutoff=0.75)
     if name != env_id:
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise ValueError(f"--env-id {env_id!r} is unknown: no Gymnasium id {name!r} is registered after importing "
-                         f"{env_id.partition(':')[0]!r}{hint}")
+        raise ValueError(
+            f"--env-id {env_id!r} is unknown: no Gymnasium id {name!r} is registered after importing "
+            f"{env_id.partition(':')[0]!r}{hint}"
+        )
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     raise ValueError(
         f"--env-id {env_id!r} is unknown{hint}: use a built-in id ({', '.join(BUILTIN_ENV_IDS)}), any registered "
@@ -170,8 +181,9 @@ def make_env(
     elif is_maniskill_id(env_id):
         from cleanrl_embodied.shared.envs.maniskill import make_maniskill_env
 
-        env = make_maniskill_env(env_id, num_envs, device, seed, vectorization=vectorization,
-                                 flatten_obs=flatten_obs, **env_kwargs)
+        env = make_maniskill_env(
+            env_id, num_envs, device, seed, vectorization=vectorization, flatten_obs=flatten_obs, **env_kwargs
+        )
     else:
         env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, info_keys, **env_kwargs)
     if randomize_interval is not None:
@@ -194,8 +206,9 @@ def env_state_dict(env: VectorEnv) -> dict | None:
     layers = _layers(env)
     if not hasattr(layers[-1], "state_dict"):
         return None
-    to_cpu = lambda v: {k: to_cpu(x) for k, x in v.items()} if isinstance(v, dict) else (
-        v.cpu() if isinstance(v, torch.Tensor) else v)
+    to_cpu = lambda v: (
+        {k: to_cpu(x) for k, x in v.items()} if isinstance(v, dict) else (v.cpu() if isinstance(v, torch.Tensor) else v)
+    )
     return {type(layer).__name__: to_cpu(layer.state_dict()) for layer in layers if hasattr(layer, "state_dict")}
 
 
@@ -218,8 +231,16 @@ def _offers_rgb_array(env_id: str) -> bool:
         return False
 
 
-def _make_gymnasium_env(env_id: str, num_envs: int, device, seed: int | None, vectorization: str,
-                        flatten_obs: bool | None, info_keys=(), **env_kwargs) -> VectorEnv:
+def _make_gymnasium_env(
+    env_id: str,
+    num_envs: int,
+    device,
+    seed: int | None,
+    vectorization: str,
+    flatten_obs: bool | None,
+    info_keys=(),
+    **env_kwargs,
+) -> VectorEnv:
     """A registered numpy Gymnasium id -> the torch env contract."""
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
         env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render

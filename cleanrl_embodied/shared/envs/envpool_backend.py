@@ -65,17 +65,31 @@ def _check_envpool_id(env_id: str) -> None:
     mujoco = sorted(i for i in ids if i.split("-v")[0] in _MUJOCO_NAMES)
     close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.75)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ValueError(f"--env-vectorization envpool: EnvPool has no {env_id!r}; {hint}its MuJoCo ids are "
-                     f"{', '.join(mujoco)} (all {len(ids)}: envpool.list_all_envs()); "
-                     "other ids run with --env-vectorization sync or async")
+    raise ValueError(
+        f"--env-vectorization envpool: EnvPool has no {env_id!r}; {hint}its MuJoCo ids are "
+        f"{', '.join(mujoco)} (all {len(ids)}: envpool.list_all_envs()); "
+        "other ids run with --env-vectorization sync or async"
+    )
 
 
-_MUJOCO_NAMES = ("Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup", "InvertedDoublePendulum",
-                 "InvertedPendulum", "Pusher", "Reacher", "Swimmer", "Walker2d")
+_MUJOCO_NAMES = (
+    "Ant",
+    "HalfCheetah",
+    "Hopper",
+    "Humanoid",
+    "HumanoidStandup",
+    "InvertedDoublePendulum",
+    "InvertedPendulum",
+    "Pusher",
+    "Reacher",
+    "Swimmer",
+    "Walker2d",
+)
 
 
-def make_envpool_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                     info_keys=(), **env_kwargs) -> EnvPoolToTorch:
+def make_envpool_env(
+    env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None, info_keys=(), **env_kwargs
+) -> EnvPoolToTorch:
     """``num_envs`` copies of an EnvPool id behind the torch env contract. ``env_kwargs`` go to ``envpool.make``
     (its config keys, e.g. ``max_episode_steps``, ``reset_noise_scale``); Gymnasium's ``render_mode``,
     ``width`` and ``height`` are not EnvPool options and are dropped. ``info_keys``: as for Gymnasium ids."""
@@ -92,8 +106,15 @@ class EnvPoolToTorch(VectorEnv):
     info entries, ``success``/``is_success`` and those named by ``info_keys`` (``"all"``: every numeric one) are
     passed on, as for Gymnasium ids."""
 
-    def __init__(self, env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                 info_keys=(), **env_kwargs):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        info_keys=(),
+        **env_kwargs,
+    ):
         self._all_info, self._info_keys = info_key_filter(info_keys)
         self._info_keys |= {"success", "is_success"}
         envpool = _import_envpool()
@@ -117,8 +138,11 @@ class EnvPoolToTorch(VectorEnv):
             self.pool.close()
             raise
         registered = gym.registry.get(env_id)
-        self.spec = EnvSpec(id=env_id, entry_point=registered.entry_point if registered else None,
-                            max_episode_steps=self.max_episode_steps)
+        self.spec = EnvSpec(
+            id=env_id,
+            entry_point=registered.entry_point if registered else None,
+            max_episode_steps=self.max_episode_steps,
+        )
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.render_mode = None
         self._warned_render = False
@@ -132,15 +156,18 @@ class EnvPoolToTorch(VectorEnv):
             warnings.simplefilter("ignore")
             space, obs_space = self.pool.action_space, self.pool.observation_space
         if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"--env-id {env_id!r} has a {type(space).__name__} action space; "
-                             "make_env supports continuous (Box) action spaces only")
+            raise ValueError(
+                f"--env-id {env_id!r} has a {type(space).__name__} action space; "
+                "make_env supports continuous (Box) action spaces only"
+            )
         self._action_dtype, self._bounds, self._unscale = space.dtype, (space.low, space.high), None
         self.single_action_space = space
         if np.all(np.isfinite(space.low) & np.isfinite(space.high)):
             ones = np.ones(space.shape, dtype=space.dtype)
             self.single_action_space, _, self._unscale = rescale_box(space, -ones, ones)
-        self.single_action_space = gym.spaces.Box(self.single_action_space.low, self.single_action_space.high,
-                                                  dtype=np.float32)
+        self.single_action_space = gym.spaces.Box(
+            self.single_action_space.low, self.single_action_space.high, dtype=np.float32
+        )
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.single_observation_space = _float32_space(obs_space)
         if not isinstance(self.single_observation_space, gym.spaces.Box):
@@ -153,8 +180,15 @@ class EnvPoolToTorch(VectorEnv):
         with warnings.catch_warnings():  # Gymnasium warns about EnvPool's float64 Box bounds of float32 spaces
             warnings.simplefilter("ignore")
             # One step longer than the episode: this wrapper truncates, so a fall at the limit stays a termination.
-            return envpool.make(self.env_id, env_type="gymnasium", num_envs=self.num_envs, batch_size=self.num_envs,
-                                seed=seed, max_episode_steps=self.max_episode_steps + 1, **self._env_kwargs)
+            return envpool.make(
+                self.env_id,
+                env_type="gymnasium",
+                num_envs=self.num_envs,
+                batch_size=self.num_envs,
+                seed=seed,
+                max_episode_steps=self.max_episode_steps + 1,
+                **self._env_kwargs,
+            )
 
     # ---- conversions -------------------------------------------------------------------------------
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -177,9 +211,11 @@ class EnvPoolToTorch(VectorEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env. ``seed``: rebuild the pool with this seed (EnvPool seeds only at construction)."""
         if options and options.get("group_size") is not None:
-            raise ValueError(f"reset(options={{'group_size': ...}}): {self.env_id} with --env-vectorization envpool "
-                             "can't give identical group starts (EnvPool seeds each env once, when the pool is "
-                             "built); use --env-vectorization sync")
+            raise ValueError(
+                f"reset(options={{'group_size': ...}}): {self.env_id} with --env-vectorization envpool "
+                "can't give identical group starts (EnvPool seeds each env once, when the pool is "
+                "built); use --env-vectorization sync"
+            )
         if options:
             raise ValueError(f"envpool reset: unsupported options {sorted(options)}")
         if seed is not None and int(seed) != self._seed:
@@ -223,9 +259,13 @@ class EnvPoolToTorch(VectorEnv):
             if key in out:
                 success = out.pop(key).bool()
                 out["success"] = success
-        out["episode"] = {"r": self._tensor(episode_return), "l": self._tensor(episode_length),
-                          "success": success.float() if success is not None
-                          else self._tensor(np.zeros(self.num_envs, dtype=np.float32))}
+        out["episode"] = {
+            "r": self._tensor(episode_return),
+            "l": self._tensor(episode_length),
+            "success": success.float()
+            if success is not None
+            else self._tensor(np.zeros(self.num_envs, dtype=np.float32)),
+        }
         out["_episode"] = done_t
         self._episode_return = np.where(done, np.float32(0.0), episode_return)
         self._episode_length = np.where(done, np.int32(0), episode_length)
@@ -234,8 +274,12 @@ class EnvPoolToTorch(VectorEnv):
     def render(self) -> None:
         if not self._warned_render:
             self._warned_render = True
-            warnings.warn(f"{self.env_id} with --env-vectorization envpool does not render here; render() returns "
-                          "None (no video); use --env-vectorization sync for videos", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{self.env_id} with --env-vectorization envpool does not render here; render() returns "
+                "None (no video); use --env-vectorization sync for videos",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return None
 
     def close_extras(self, **kwargs) -> None:

@@ -142,8 +142,12 @@ def sapien_can_render() -> bool:
     try:
         sapien.render.RenderMaterial()
     except RuntimeError:  # "failed to find a rendering device", vk::...ErrorIncompatibleDriver
-        warnings.warn("ManiSkill: SAPIEN finds no rendering (Vulkan) device here; running physics only "
-                      "(render_backend='none', state observations, no videos)", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "ManiSkill: SAPIEN finds no rendering (Vulkan) device here; running physics only "
+            "(render_backend='none', state observations, no videos)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     return True
 
@@ -157,8 +161,12 @@ class _InertRenderRecord:
 
 
 # Modules that hold their own reference to SAPIEN's material/texture classes (``from ... import RenderMaterial``).
-_SAPIEN_RENDER_MODULES = ("sapien.render", "sapien.pysapien.render", "sapien.wrapper.urdf_loader",
-                          "mani_skill.utils.building._mjcf_loader")
+_SAPIEN_RENDER_MODULES = (
+    "sapien.render",
+    "sapien.pysapien.render",
+    "sapien.wrapper.urdf_loader",
+    "mani_skill.utils.building._mjcf_loader",
+)
 
 
 def _render_free_sapien() -> None:
@@ -185,8 +193,9 @@ def _contract_space(space: gym.Space) -> gym.Space:
     """ManiSkill's observation space as this adapter's outputs: uint8 HWC images -> uint8 CHW Boxes, the rest
     float32; ``sensor_param`` (the cameras' constant matrices) dropped."""
     if isinstance(space, gym.spaces.Dict):
-        return gym.spaces.Dict([(key, _contract_space(sub)) for key, sub in space.spaces.items()
-                                if key != "sensor_param"])
+        return gym.spaces.Dict(
+            [(key, _contract_space(sub)) for key, sub in space.spaces.items() if key != "sensor_param"]
+        )
     if isinstance(space, gym.spaces.Box) and _is_hwc_image(space):
         height, width, channels = space.shape
         return gym.spaces.Box(0, 255, (channels, height, width), np.uint8)
@@ -221,8 +230,10 @@ class ManiSkillToTorch(RenderFirstEnv):
         self._seed, self._first_reset = seed, True
         space = env.single_action_space
         if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
-                             "make_env supports continuous (Box) action spaces only")
+            raise ValueError(
+                f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
+                "make_env supports continuous (Box) action spaces only"
+            )
         self._low = torch.as_tensor(space.low, dtype=torch.float32)
         self._high = torch.as_tensor(space.high, dtype=torch.float32)
         self._rescale = bool(np.all(np.isfinite(space.low) & np.isfinite(space.high)))
@@ -265,9 +276,11 @@ class ManiSkillToTorch(RenderFirstEnv):
         options = dict(options) if options else {}
         group_size = options.pop("group_size", None)
         if group_size is not None and group_size != 1:
-            raise ValueError(f"reset(options={{'group_size': {group_size}}}): {env_name(self.env)} on the GPU backend "
-                             "can't give identical group starts; use sim_backend='physx_cpu' (seeded sub-envs) "
-                             "or PushCubeRL")
+            raise ValueError(
+                f"reset(options={{'group_size': {group_size}}}): {env_name(self.env)} on the GPU backend "
+                "can't give identical group starts; use sim_backend='physx_cpu' (seeded sub-envs) "
+                "or PushCubeRL"
+            )
         if seed is None and self._first_reset:
             seed = self._seed
         obs, info = self.env.reset(seed=seed, options=options or None)
@@ -288,8 +301,9 @@ class ManiSkillToTorch(RenderFirstEnv):
         return obs_t, reward, terminated, truncated, out
 
 
-def maniskill_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
-                              flatten_obs: bool | None = None):
+def maniskill_vector_to_torch(
+    env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None, flatten_obs: bool | None = None
+):
     """A ManiSkillVectorEnv-like env -> :class:`ManiSkillToTorch` (+ flatten for Dict obs, see ``flattens``) +
     episode statistics."""
     env = ManiSkillToTorch(env, device=device, seed=seed)
@@ -310,8 +324,15 @@ def _cpu_sub_env(env_id: str, kwargs: dict, ignore_terminations: bool, render_fr
     return SafeRender(env, hint=MANISKILL_RENDER_HINT)
 
 
-def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
-                       vectorization: str = "sync", flatten_obs: bool | None = None, **env_kwargs) -> VectorEnv:
+def make_maniskill_env(
+    env_id: str,
+    num_envs: int,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    vectorization: str = "sync",
+    flatten_obs: bool | None = None,
+    **env_kwargs,
+) -> VectorEnv:
     """``num_envs`` copies of a ManiSkill id behind the torch env contract (see the module docstring)."""
     _import_maniskill()
     ignore_terminations = bool(env_kwargs.pop("ignore_terminations", False))
@@ -322,8 +343,10 @@ def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = 
 
     render_free = not sapien_can_render()
     if render_free and any(mode in str(kwargs["obs_mode"]) for mode in ("rgb", "depth", "segmentation")):
-        raise ValueError(f"--env-id {env_id}: obs_mode={kwargs['obs_mode']!r} renders camera images, and this "
-                         "machine has no rendering device (SAPIEN found no Vulkan GPU); use obs_mode='state' here")
+        raise ValueError(
+            f"--env-id {env_id}: obs_mode={kwargs['obs_mode']!r} renders camera images, and this "
+            "machine has no rendering device (SAPIEN found no Vulkan GPU); use obs_mode='state' here"
+        )
     if render_free:
         _render_free_sapien()
         kwargs.update(render_backend="none", render_mode=None)
@@ -333,8 +356,12 @@ def make_maniskill_env(env_id: str, num_envs: int, device: torch.device | str = 
     if gpu_sim:
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-        env = ManiSkillVectorEnv(gym.make(env_id, num_envs=num_envs, **kwargs), auto_reset=True,
-                                 ignore_terminations=ignore_terminations, record_metrics=False)
+        env = ManiSkillVectorEnv(
+            gym.make(env_id, num_envs=num_envs, **kwargs),
+            auto_reset=True,
+            ignore_terminations=ignore_terminations,
+            record_metrics=False,
+        )
         _declare_time_limit(env, env_id, kwargs.get("max_episode_steps"))
         return maniskill_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs)
     make_one = functools.partial(_cpu_sub_env, env_id, kwargs, ignore_terminations, render_free)

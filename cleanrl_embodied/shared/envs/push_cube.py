@@ -873,8 +873,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         if self.obs_mode == "rgb":
             return TensorDict({"rgb": images}, batch_size=[self.num_envs], device=self.device)
         if self.obs_mode == "proprio+rgb":
-            return TensorDict({"state": flat_obs[:, :PROPRIO_DIM], "rgb": images}, batch_size=[self.num_envs],
-                              device=self.device)
+            return TensorDict(
+                {"state": flat_obs[:, :PROPRIO_DIM], "rgb": images}, batch_size=[self.num_envs], device=self.device
+            )
         if self.obs_mode == "state+rgb":
             return TensorDict({"state": flat_obs, "rgb": images}, batch_size=[self.num_envs], device=self.device)
         pieces = flat_obs.split([size for _, _, size in self.obs_layout], dim=-1)

@@ -161,8 +161,9 @@ def env_name(env) -> str:
 def _warn_cannot_render(env, error: BaseException | str, hint: str = "") -> None:
     name = env_name(env)
     reason = error if isinstance(error, str) else f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-    warnings.warn(f"{name} cannot render here ({reason[:200]}); render() returns None{hint}", RuntimeWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"{name} cannot render here ({reason[:200]}); render() returns None{hint}", RuntimeWarning, stacklevel=3
+    )
 
 
 class SafeRender(gym.Wrapper):
@@ -224,8 +225,9 @@ def _float32_space(space: gym.Space) -> gym.Space:
     """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype); images (uint8
     [C, H, W] leaves of a Dict) stay uint8."""
     if isinstance(space, gym.spaces.Dict):
-        return gym.spaces.Dict([(key, sub if is_image(sub) else _float32_space(sub))
-                                for key, sub in space.spaces.items()])  # keep order
+        return gym.spaces.Dict(
+            [(key, sub if is_image(sub) else _float32_space(sub)) for key, sub in space.spaces.items()]
+        )  # keep order
     if isinstance(space, gym.spaces.Box):
         with np.errstate(over="ignore"):
             low, high = space.low.astype(np.float32), space.high.astype(np.float32)
@@ -320,9 +322,15 @@ class GymnasiumToTorch(RenderFirstEnv):
 
     render_hint = MUJOCO_RENDER_HINT
 
-    def __init__(self, env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
-                 rescale_actions: bool = False, episode_statistics: bool = False,
-                 info_keys: Sequence[str] | str = ()):
+    def __init__(
+        self,
+        env: VectorEnv,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        rescale_actions: bool = False,
+        episode_statistics: bool = False,
+        info_keys: Sequence[str] | str = (),
+    ):
         super().__init__(env)
         if env.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
             raise ValueError(
@@ -379,9 +387,11 @@ class GymnasiumToTorch(RenderFirstEnv):
 
     def _obs_dict_to_torch(self, obs: dict) -> dict:
         return {
-            key: self._obs_dict_to_torch(value) if isinstance(value, dict)
-            else self._tensor(np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4
-                                       else np.float32))  # images stay uint8
+            key: self._obs_dict_to_torch(value)
+            if isinstance(value, dict)
+            else self._tensor(
+                np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4 else np.float32)
+            )  # images stay uint8
             for key, value in obs.items()
         }
 
@@ -412,9 +422,7 @@ class GymnasiumToTorch(RenderFirstEnv):
     def _pop_success(self, info: dict, final_info: dict, done: np.ndarray) -> np.ndarray | None:
         """Success of the transition just taken; for finished envs it comes from ``final_info``."""
         if self._success_key is None:
-            self._success_key = next(
-                (k for k in ("success", "is_success") if k in info or k in final_info), None
-            )
+            self._success_key = next((k for k in ("success", "is_success") if k in info or k in final_info), None)
             if self._success_key is None:
                 return None
         key = self._success_key
@@ -516,8 +524,9 @@ class GymnasiumToTorch(RenderFirstEnv):
             for i, (reset_obs, _) in resets.items():
                 env_obs[i] = reset_obs
             space = self.env.single_observation_space
-            obs_t, final_t = self._obs_outputs(concatenate(space, env_obs, create_empty_array(space, n)),
-                                               {i: last[i] for i in resets})
+            obs_t, final_t = self._obs_outputs(
+                concatenate(space, env_obs, create_empty_array(space, n)), {i: last[i] for i in resets}
+            )
 
         key = self._success_key
         if key is None:  # seen in a step's info, or in the info of a reset that followed an episode's end
@@ -545,8 +554,17 @@ class GymnasiumToTorch(RenderFirstEnv):
         out = self._info_to_torch(batched, select=False) if batched else {}
         return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, bool(resets))
 
-    def _outputs(self, obs_t, final_t, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                 success: np.ndarray | None, out: dict, any_done: bool | None) -> tuple:
+    def _outputs(
+        self,
+        obs_t,
+        final_t,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        success: np.ndarray | None,
+        out: dict,
+        any_done: bool | None,
+    ) -> tuple:
         """The step's return value: tensors, with ``final_obs``, ``success`` and the episode statistics in ``out``
         (the converted info). ``any_done`` False: no episode ended (None: not known)."""
         tensor = torch.from_numpy if self._on_cpu else self._tensor
@@ -558,9 +576,13 @@ class GymnasiumToTorch(RenderFirstEnv):
         if self.episode_statistics:
             episode_return = self._episode_return + reward
             episode_length = self._episode_length + self._ones
-            out["episode"] = {"r": tensor(episode_return), "l": tensor(episode_length),
-                              "success": tensor(success.astype(np.float32) if success is not None
-                                                else np.zeros(self._n, dtype=np.float32))}
+            out["episode"] = {
+                "r": tensor(episode_return),
+                "l": tensor(episode_length),
+                "success": tensor(
+                    success.astype(np.float32) if success is not None else np.zeros(self._n, dtype=np.float32)
+                ),
+            }
             out["_episode"] = done_t
             if any_done is False:  # the running sums are those arrays now: they are never changed in place
                 self._episode_return, self._episode_length = episode_return, episode_length
@@ -592,14 +614,20 @@ def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
     """Whether observations of ``space`` get flattened: Dict spaces when ``flatten_obs`` is True, or when it is
     None (the default) and they hold no image (a uint8 ``[C, H, W]`` leaf); never a Box."""
     if flatten_obs not in (None, True, False):
-        raise ValueError(f"flatten_obs must be true, false or null (flatten unless there are images), got "
-                         f"{flatten_obs!r}")
+        raise ValueError(
+            f"flatten_obs must be true, false or null (flatten unless there are images), got {flatten_obs!r}"
+        )
     wanted = not image_spaces(space) if flatten_obs is None else flatten_obs
     return wanted and isinstance(space, gym.spaces.Dict)
 
 
-def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", seed: int | None = None,
-                          flatten_obs: bool | None = None, info_keys: Sequence[str] | str = ()) -> VectorEnv:
+def numpy_vector_to_torch(
+    env: VectorEnv,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    flatten_obs: bool | None = None,
+    info_keys: Sequence[str] | str = (),
+) -> VectorEnv:
     """A numpy vector env (SAME_STEP autoreset, Box actions) -> the torch env contract.
 
     :class:`GymnasiumToTorch` with both of its fused jobs: the policy's [-1, 1] rescaled onto the env's bounds
@@ -617,8 +645,9 @@ def numpy_vector_to_torch(env: VectorEnv, device: torch.device | str = "cpu", se
                 f"--env-id {env_name(env)!r} has a {type(space).__name__} action space; "
                 "make_env supports continuous (Box) action spaces only"
             )
-        env = GymnasiumToTorch(env, device=device, seed=seed, rescale_actions=True, episode_statistics=True,
-                               info_keys=info_keys)
+        env = GymnasiumToTorch(
+            env, device=device, seed=seed, rescale_actions=True, episode_statistics=True, info_keys=info_keys
+        )
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     except ValueError:
