@@ -146,13 +146,15 @@ def report(data: dict) -> str:
     a = data["args"]
     return "\n".join(
         [
-            f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: our `ppo_continuous.py` "
+            f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: "
+            "our `ppo_continuous.py` "
             f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, Gymnasium "
             f"{data['cleanrl_gymnasium']}, torch {data['cleanrl_torch']}) on {a['env_id']} with CleanRL's MuJoCo "
             f"settings, {a['total_timesteps']:,} steps per run, one thread each, alternating; steady-state env steps/s "
             f"after {a['skip']} iterations.",
             "",
-            f"- command: `uv run python benchmarks/vs_cleanrl.py --cleanrl-python <venv>/bin/python --pairs {a['pairs']} "
+            "- command: `uv run python benchmarks/vs_cleanrl.py --cleanrl-python <venv>/bin/python "
+            f"--pairs {a['pairs']} "
             f"--total-timesteps {a['total_timesteps']}`",
             f"- machine: {describe_machine(data['machine'])}",
             f"- versions (ours): {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
