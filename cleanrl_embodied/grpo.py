@@ -22,10 +22,12 @@ Ctrl-C are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all her
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -35,6 +37,7 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
+from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     load_checkpoint,
     load_start,
@@ -43,10 +46,11 @@ from cleanrl_embodied.shared.checkpoints import (
     set_rng_state,
 )
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
+from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, state_dim, state_vector
 
 
 @dataclass
@@ -97,6 +101,20 @@ class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation
     """hidden layer sizes of the actor MLP"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
+    action_head: Literal["gaussian", "bins"] = "gaussian"
+    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
+    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
+    action_bins: int = 256
+    """bins per action entry (--action-head bins)"""
+    action_chunk: int = 1
+    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
+    filter_groups: bool = False
+    """leave out of the update the groups whose members all got the same returns (no learning signal; DAPO's
+    dynamic sampling, RIPT-VLA's filtering); `grpo/kept_group_frac` logs the share kept"""
+    micro_batch_size: int | None = None
+    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
+    autocast: Literal["none", "bf16"] = "none"
+    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
 
 
 def validate(args: Args) -> None:
@@ -104,6 +122,9 @@ def validate(args: Args) -> None:
     check_args(
         args,
         positive=(
+            "action_bins",
+            "action_chunk",
+            "micro_batch_size",
             "num_envs",
             "num_steps",
             "total_timesteps",
@@ -136,57 +157,81 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Actor(nn.Module):
-    """Gaussian actor with a state-independent log-std (the PPO actor; parameter names match its Agent)."""
+    """The PPO trainers' actor without their critic and observation normalizer (parameter names match their Agent's,
+    so a PPO checkpoint serves as the reference): an MLP on the float observation (images and instructions first go
+    through the shared `PixelEncoder`), a Gaussian with a state-independent log-std or a categorical over bins per
+    action entry, over one action [D] or a chunk [K, D]."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...], init_logstd: float):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
-        self.actor_mean = mlp(obs_dim, hidden_sizes, act_dim, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), init_logstd))
+        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
+        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
+        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
+        act_dim = math.prod(self.action_shape)
+        if self.bins:  # one categorical per action entry; the raw action is the bin index
+            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
+            low, high = bin_bounds(act_space, self.bins)
+            self.register_buffer("action_low", low)
+            self.register_buffer("action_high", high)
+        else:
+            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(obs)  # validate_args=False: the check would cost a host sync per call
-        return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
+        state = state_vector(obs)  # a plain observation tensor as it is
+        features = state if self.encoder is None else self.encoder(obs, state)
+        if self.bins:
+            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
+        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+        std = self.actor_logstd.expand_as(mean).exp()
+        # validate_args=False: the argument check would cost a host sync on every call
+        shape = (-1, *self.action_shape)
+        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
+        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
+
+
+ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
 
 
 def make_agent(envs, args: Args) -> nn.Module:
     """The built-in `Actor`, or the module that `--policy module:factory` builds from the spaces and args. Its
-    `dist(obs)` is a per-dimension Normal-like distribution: `log_prob(action).sum(-1)` is the action's."""
+    `dist(obs)` is a per-entry distribution: `log_prob(action)` summed over the action's entries is the action's."""
     if args.policy is None:
-        if not isinstance(envs.single_observation_space, gym.spaces.Box):
-            fail(
-                f"--env-id {args.env_id}: the built-in actor is an MLP on flat observations, these are "
-                f"{type(envs.single_observation_space).__name__}; pass --policy module:factory (docs/POLICIES.md)"
-            )
-        return Actor(
-            envs.single_observation_space.shape[0],
-            envs.single_action_space.shape[0],
-            args.hidden_sizes,
-            args.init_logstd,
-        )
+        return Actor(envs.single_observation_space, envs.single_action_space, args)
     return build_policy(args, envs, needs=("dist",))
 
 
-def policy_step(actor: Actor, obs: torch.Tensor) -> TensorDict:
-    """Sample a raw (unclipped) Gaussian action and its log-prob."""
+def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
+    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
+    action's entries, a chunk's too) and the action the env gets."""
     dist = actor.dist(obs)
     action = dist.sample()
-    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), batch_size=obs.shape[:1])
+    return TensorDict(
+        action=action,
+        logprob=dist.log_prob(action).flatten(1).sum(-1),
+        env_action=actor.env_action(action),
+        batch_size=obs.shape[:1],
+    )
 
 
 def eval_action(actor: Actor, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the mean action, or a sample drawn from the evaluator's own generator."""
+    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
+    from the evaluator's own generator."""
     dist = actor.dist(obs)
-    if deterministic:
-        return dist.mean
-    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+    return actor.env_action(dist.mode if deterministic else sample(dist, generator))
 
 
-def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted returns-to-go over a [T, N] rollout; they restart after every done (no bootstrap)."""
+def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
+    """Discounted returns-to-go over a [T, N] rollout of decisions; they restart after every done (no bootstrap).
+    `gamma`: a float, or [T, N] where a decision ran k env steps (an action chunk: gamma^k)."""
+    discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        running = rewards[t] + gamma * torch.where(dones[t], 0.0, running)
+        running = rewards[t] + discounts[t] * torch.where(dones[t], 0.0, running)
         returns[t] = running
     return returns
 
@@ -231,30 +276,36 @@ def group_advantages(
     )
 
 
-def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+def grpo_loss(
+    actor: Actor, mb: TensorDict, args: Args, denominator: torch.Tensor | int | None = None
+) -> tuple[torch.Tensor, TensorDict]:
     """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics).
 
     GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch
-    size, a constant. Masks select with torch.where before anything can overflow: a masked sample has ratio 1
-    and gradient 0 (multiplying by the mask turns an overflowed ratio into NaN). Statistics: alive means.
+    size, a constant. ``denominator``: what the sum is divided by when ``mb`` is a piece of a minibatch (that of
+    the whole minibatch, so the pieces' losses add up to its loss). Masks select with torch.where before anything
+    can overflow: a masked sample has ratio 1 and gradient 0 (multiplying by the mask turns an overflowed ratio
+    into NaN). Statistics: means over ``mb``'s alive samples.
     """
     alive = mb["mask"]
     n_alive = alive.sum().clamp_min(1)
+    if denominator is None:
+        denominator = n_alive if args.scale_adv else alive.numel()
     total = lambda x: torch.where(alive, x, 0.0).sum()
     dist = actor.dist(mb["obs"])
-    newlogprob = dist.log_prob(mb["action"]).sum(-1)
+    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
     ratio = logratio.exp()
     adv = mb["advantages"]
     pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
-    entropy = total(dist.entropy().sum(-1))
+    entropy = total(dist.entropy().flatten(1).sum(-1))
     # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
     # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi) (the forward
     # KL). Only exp() can overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper
     # than the reference (log r << 0) keeps its full gradient back toward it.
     ref_logratio = torch.where(alive, mb["ref_logprob"] - newlogprob, 0.0).clamp(max=20.0)
     kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
-    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
+    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / denominator
     with torch.no_grad():
         stats = (
             TensorDict(
@@ -266,15 +317,23 @@ def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, T
                 clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
             )
             / n_alive
-        )
+        ).detach()
     return loss, stats
 
 
-def group_reset(envs, args: Args, iteration: int) -> torch.Tensor:
+def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
+    whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
+    T, N = advantages.shape
+    nonzero = (advantages != 0).reshape(T, N // group_size, group_size)
+    return nonzero.any(0).any(-1).repeat_interleave(group_size)
+
+
+def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
     seed = int(np.random.SeedSequence([args.seed, iteration]).generate_state(1)[0] % 2**31)
     try:
-        return envs.reset(seed=seed, options={"group_size": args.group_size})[0]
+        return envs.reset(seed=seed, options={"group_size": args.group_size})
     except ValueError as e:
         fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
@@ -313,7 +372,7 @@ def save_checkpoints(
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")
+    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs", *ACTION_ARGS)
     ckpt, ckpt_flag = load_start(
         args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr")
     )
@@ -347,18 +406,17 @@ def main(args: Args) -> dict:
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])
-    next_obs = group_reset(envs, args, start_iteration)  # first of all: can the env give groups identical starts?
-    horizon = (
-        args.num_steps
-        or (envs.spec.max_episode_steps if envs.spec is not None else None)
-        or getattr(envs.unwrapped, "max_episode_steps", None)
+    next_obs, start_info = group_reset(envs, args, start_iteration)  # first: can the env give groups one start?
+    episode_steps = (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
+        envs.unwrapped, "max_episode_steps", None
     )
+    horizon = args.num_steps or (episode_steps and -(-episode_steps // args.action_chunk))  # in decisions
     if not horizon:
         fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
     batch_size = args.num_envs * horizon
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
-    num_iterations = max(1, args.total_timesteps // batch_size)
+    num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
     if start_iteration > num_iterations:
         fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
     optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -383,12 +441,17 @@ def main(args: Args) -> dict:
         args.num_envs,
         device,
         obs=envs.single_observation_space,
-        action=((act_dim,), torch.float32),
+        action=(envs.single_action_space.shape, torch.float32),
         logprob=((), torch.float32),
         reward=((), torch.float32),
+        discount=((), torch.float32),
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
+    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    minibatch_size = batch_size // args.num_minibatches
+    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
+    task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result = start_iteration - 1, None
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
@@ -398,21 +461,23 @@ def main(args: Args) -> dict:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
             if iteration > start_iteration:  # the first iteration's starts were drawn above
-                next_obs = group_reset(envs, args, iteration)
+                next_obs, start_info = group_reset(envs, args, iteration)
 
             # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
-            rollout_stats = RolloutStats(device)  # of the first episodes that end within the horizon
+            rollout_stats = RolloutStats(device, task_names)  # of the first episodes that end within the horizon
             alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
             success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(horizon):
-                    out = policy(actor, next_obs)
+                    with amp():
+                        out = policy(actor, next_obs)
                     storage["obs"][step] = next_obs
                     storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
                     done = terminated | truncated
                     storage["reward"][step], storage["done"][step] = reward, done
+                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
                         watch.update_final(step, info["final_obs"], done)
@@ -421,8 +486,8 @@ def main(args: Args) -> dict:
                         success |= counted & (info["episode"]["success"] > 0)
                         alive &= ~done
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])  # obs[0]: the group starts
-            watch.check(global_step, args.num_envs, where=f"{args.env_id} ")  # one line naming envs and step
-            global_step += batch_size
+            watch.check(global_step, args.num_envs * args.action_chunk, where=f"{args.env_id} ")  # envs and step
+            global_step += batch_size * args.action_chunk  # env steps (a decision runs --action-chunk of them)
 
             # ---- group-relative advantages (critic-free) ----
             with torch.no_grad():
@@ -431,20 +496,33 @@ def main(args: Args) -> dict:
                     if args.truncate_at_first_done
                     else torch.ones_like(storage["done"])
                 )
-                returns = returns_to_go(storage["reward"], storage["done"], args.gamma)
+                returns = returns_to_go(storage["reward"], storage["done"], storage["discount"])
                 advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
+                kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
+                if args.filter_groups:  # the others leave the update (and its averages) altogether
+                    mask = mask & kept
                 batch = storage.select("obs", "action", "logprob").reshape(-1)
                 batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
-                batch["ref_logprob"] = ref_actor.dist(batch["obs"]).log_prob(batch["action"]).sum(-1)
+                with amp():
+                    ref_dist = ref_actor.dist(batch["obs"])
+                batch["ref_logprob"] = ref_dist.log_prob(batch["action"]).flatten(1).sum(-1)
 
             # ---- PPO-clip update over the masked samples ----
             update_stats = []  # statistics of the applied minibatch steps, averaged for logging
-            for _epoch in range(args.update_epochs):
+            learn = not args.filter_groups or bool(kept.any())  # no group with a signal: no update at all
+            for _epoch in range(args.update_epochs if learn else 0):
                 epoch_kl = []
                 for idx in torch.randperm(batch_size, device=device).view(args.num_minibatches, -1):
-                    loss, stats = loss_fn(actor, batch[idx], args)
+                    mb = batch[idx]
+                    n_alive = mb["mask"].sum().clamp_min(1)
+                    denominator = n_alive if args.scale_adv else len(mb)  # of the whole minibatch
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    loss, stats = 0.0, 0.0  # the minibatch's loss and alive means, accumulated piece by piece
+                    for piece in mb.split(micro_batch_size):
+                        with amp():
+                            piece_loss, piece_stats = loss_fn(actor, piece, args, denominator)
+                        piece_loss.backward()
+                        loss, stats = loss + piece_loss.detach(), stats + piece_stats * (piece["mask"].sum() / n_alive)
                     grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
                     if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
                         continue
@@ -464,6 +542,7 @@ def main(args: Args) -> dict:
                     "charts/learning_rate": optimizer.param_groups[0]["lr"],
                     "charts/skipped_updates": guard.skipped,
                     "grpo/mask_frac": mask.float().mean(),
+                    "grpo/kept_group_frac": kept.float().mean(),
                     "grpo/finished_frac": (~alive).float().mean(),
                     **rollout_stats.scalars(),
                     **{f"grpo/{k}": v for k, v in adv_stats.items()},
@@ -471,6 +550,10 @@ def main(args: Args) -> dict:
             )
             if rollout_stats.has_success:  # every env counts: its first episode succeeded within the horizon or not
                 scalars["charts/success_rate"] = success.float().mean()
+                for task, name in enumerate(task_names or ()):  # the envs that started on each task
+                    on_task = start_info["task_id"] == task
+                    if bool(on_task.any()):
+                        scalars[f"charts/success_rate/{name}"] = (success & on_task).sum() / on_task.sum()
             logger.log(scalars, global_step)
             logger.progress(
                 global_step,

@@ -33,12 +33,14 @@ Read top to bottom: `Args`, the `Agent`, the pure functions, the `Collector`, th
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -48,13 +50,14 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
+from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args
-from cleanrl_embodied.shared.encoders import PixelEncoder
+from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
 
 
 @dataclass
@@ -99,6 +102,17 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
+    action_head: Literal["gaussian", "bins"] = "gaussian"
+    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
+    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
+    action_bins: int = 256
+    """bins per action entry (--action-head bins)"""
+    action_chunk: int = 1
+    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
+    micro_batch_size: int | None = None
+    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
+    autocast: Literal["none", "bf16"] = "none"
+    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
     norm_obs: bool = False
     """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
     norm_reward: bool = False
@@ -116,6 +130,9 @@ def validate(args: Args) -> None:
     check_args(
         args,
         positive=(
+            "action_bins",
+            "action_chunk",
+            "micro_batch_size",
             "num_envs",
             "num_steps",
             "total_timesteps",
@@ -169,18 +186,27 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Agent(nn.Module):
-    """Gaussian actor with a state-independent log-std and a separate critic, on the normalized observation
-    (TensorDict observations: their float entries; images first go through the shared `PixelEncoder`)."""
+    """An actor and a separate critic (MLPs) on the normalized observation (TensorDict observations: their float
+    entries; images and instructions first go through the shared `PixelEncoder`). The actor is a Gaussian with a
+    state-independent log-std, or a categorical over bins per action entry; over one action [D] or a chunk [K, D]."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
         self.obs_rms = RunningMeanStd((state_dim(obs_space),))
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if image_spaces(obs_space) else None
-        features, act_dim = self.encoder.out_dim if self.encoder else state_dim(obs_space), act_space.shape[0]
+        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
+        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
+        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
+        act_dim = math.prod(self.action_shape)
         self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+        if self.bins:  # one categorical per action entry; the raw action is the bin index
+            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
+            low, high = bin_bounds(act_space, self.bins)
+            self.register_buffer("action_low", low)
+            self.register_buffer("action_high", high)
+        else:
+            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
@@ -192,21 +218,32 @@ class Agent(nn.Module):
             )
         return state if self.encoder is None else self.encoder(obs, state)
 
-    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(features)
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
+        if self.bins:
+            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
+        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+        std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
-        return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+        shape = (-1, *self.action_shape)
+        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1)
+        return self._dist(features), self.critic(features).squeeze(-1).float()
 
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1).float()
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
+        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
+
+
+ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
 
 
 def make_agent(envs, args: Args) -> nn.Module:
@@ -217,19 +254,24 @@ def make_agent(envs, args: Args) -> nn.Module:
 
 
 def policy_step(agent: Agent, obs: torch.Tensor, generator: torch.Generator) -> TensorDict:
-    """Sample a raw (unclipped) Gaussian action from `generator`; return it with its behaviour log-prob.
-    No value here: the learner recomputes values with its current critic."""
+    """Sample a raw action (unclipped Gaussian, or bin indices) from `generator`; return it with its behaviour
+    log-prob (summed over the action's entries, a chunk's too) and the action the env gets. No value here: the
+    learner recomputes values with its current critic."""
     dist = agent.dist(obs)
-    action = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=obs.device)
-    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), batch_size=obs.shape[:1])
+    action = sample(dist, generator)
+    return TensorDict(
+        action=action,
+        logprob=dist.log_prob(action).flatten(1).sum(-1),
+        env_action=agent.env_action(action),
+        batch_size=obs.shape[:1],
+    )
 
 
 def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the mean action, or a sample drawn from the evaluator's own generator."""
+    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
+    from the evaluator's own generator."""
     dist = agent.dist(obs)
-    if deterministic:
-        return dist.mean
-    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+    return agent.env_action(dist.mode if deterministic else sample(dist, generator))
 
 
 def compute_gae(
@@ -238,37 +280,46 @@ def compute_gae(
     next_values: torch.Tensor,
     terminated: torch.Tensor,
     dones: torch.Tensor,
-    gamma: float,
+    gamma: float | torch.Tensor,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout.
+    """Generalized advantage estimation over a [T, N] rollout of decisions.
 
-    next_values[t] is V of the state reached by action t in the *same* episode: V(obs[t+1]) while the
+    next_values[t] is V of the state reached by decision t in the *same* episode: V(obs[t+1]) while the
     episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
     has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
-    advantage recursion at episode ends. Masks select with `torch.where`, so a non-finite value past an
-    episode's end never reaches its advantages (NaN * 0 would be NaN). Returns (advantages, returns).
+    advantage recursion at episode ends. `gamma` is the discount of one decision: a float, or [T, N] where a
+    decision ran k env steps (an action chunk: gamma^k, and its reward is the discounted sum of those steps).
+    Masks select with `torch.where`, so a non-finite value past an episode's end never reaches its advantages
+    (NaN * 0 would be NaN). Returns (advantages, returns).
     """
-    deltas = rewards + gamma * torch.where(terminated, 0.0, next_values) - values
+    discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+    deltas = rewards + discounts * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        last = deltas[t] + gamma * gae_lambda * torch.where(dones[t], 0.0, last)
+        last = deltas[t] + discounts[t] * gae_lambda * torch.where(dones[t], 0.0, last)
         advantages[t] = last
     return advantages, advantages + values
 
 
+def normalize_advantages(mb: TensorDict) -> TensorDict:
+    """The minibatch with its advantages normalized to zero mean and unit std (over the whole minibatch, before
+    any split into micro-batches)."""
+    adv = mb["advantages"]
+    return mb.set("advantages", (adv - adv.mean()) / (adv.std() + 1e-8))
+
+
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch; returns (loss, detached statistics)."""
+    """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
+    detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
-    newlogprob = dist.log_prob(mb["action"]).sum(-1)
-    entropy = dist.entropy().sum(-1).mean()
+    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
+    entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
     adv = mb["advantages"]
-    if args.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -284,18 +335,24 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
             old_approx_kl=(-logratio).mean(),
             approx_kl=((ratio - 1) - logratio).mean(),
             clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
-        )
+        ).detach()
     return loss, stats
 
 
 def scale_rewards(
-    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    trace: torch.Tensor,
+    rms: RunningMeanStd,
+    discounts: torch.Tensor,
+    clip: float,
 ) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
-    env's discounted return so far and is updated in place (it restarts after episode ends)."""
+    env's discounted return so far and is updated in place (it restarts after episode ends); `discounts` [T, N]
+    are the decisions' (gamma, or gamma^k for chunks of k steps)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
     for t in range(rewards.shape[0]):
-        trace.mul_(gamma).add_(rewards[t])
+        trace.mul_(discounts[t]).add_(rewards[t])
         traces[t] = trace
         trace.masked_fill_(dones[t], 0.0)
     rms.update(traces)
@@ -315,6 +372,8 @@ class Collector:
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
         self.next_obs, self.next_index = envs.reset(seed=args.seed)[0], 0  # load_state() continues a run instead
         self.generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # this side's random stream
+        self.amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+        self.task_names = envs.metadata.get("task_names")  # success is also logged per task
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
         self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, state_dict)
@@ -439,30 +498,33 @@ class Collector:
 
     def _collect(self, version: int) -> dict | None:
         args, device = self.args, self.next_obs.device
-        obs_space, act_dim = self.envs.single_observation_space, self.envs.single_action_space.shape[0]
+        obs_space = self.envs.single_observation_space
         data = rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
             args.num_steps,
             args.num_envs,
             device,
             obs=obs_space,
-            action=((act_dim,), torch.float32),
+            action=(self.envs.single_action_space.shape, torch.float32),
             logprob=((), torch.float32),
             final_obs=obs_space,
             reward=((), torch.float32),
+            discount=((), torch.float32),
             terminated=((), torch.bool),
             done=((), torch.bool),
             version=((), torch.long),
         )
-        stats, watch, start = RolloutStats(device), NonFiniteWatch(args.num_envs, device), time.time()
+        stats, watch, start = RolloutStats(device, self.task_names), NonFiniteWatch(args.num_envs, device), time.time()
         for step in range(args.num_steps):
             if self.stop_requested:
                 return None
-            out = policy_step(self.agent, self.next_obs, self.generator)
+            with self.amp():
+                out = policy_step(self.agent, self.next_obs, self.generator)
             data["obs"][step] = self.next_obs
             data["action"][step], data["logprob"][step] = out["action"], out["logprob"]
-            self.next_obs, reward, terminated, truncated, info = self.envs.step(out["action"])
+            self.next_obs, reward, terminated, truncated, info = self.envs.step(out["env_action"])
             done = terminated | truncated
             data["reward"][step], data["terminated"][step], data["done"][step] = reward, terminated, done
+            data["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
             stats.add_reward_terms(info)
             if device.type != "cpu" or done.any():  # what only finished episodes need (on the CPU, asking is free)
                 data["final_obs"][step] = info["final_obs"]  # read only where done
@@ -487,12 +549,13 @@ def main(args: Args) -> dict:
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
         args,
         ["ppo_async"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
         resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
     )
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = max(1, args.total_timesteps // batch_size)
+    rollout_steps = batch_size * args.action_chunk  # env steps of a rollout
+    num_iterations = max(1, args.total_timesteps // rollout_steps)
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
@@ -512,6 +575,8 @@ def main(args: Args) -> dict:
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     gae, loss_fn = (torch.compile(compute_gae), torch.compile(ppo_loss)) if args.compile else (compute_gae, ppo_loss)
+    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
 
     # Learner counters, changed here only, after the update they count: rollouts consumed (= iterations),
@@ -570,25 +635,25 @@ def main(args: Args) -> dict:
                 wait_s, update_start = time.time() - wait_start, time.time()
                 assert item["index"] == consumed, (item["index"], consumed)  # in order, none lost
                 data, used_version, staleness = item["data"], version, version - item["version"]
-                item["watch"].check(global_step, args.num_envs)  # one line naming the envs and the step, if any
+                item["watch"].check(global_step, args.num_envs * args.action_chunk)  # one line: envs and step, if any
                 with torch.no_grad():  # the reward scale follows every rollout in order, dropped ones too
-                    rewards = data["reward"]
+                    rewards, discounts = data["reward"], data["discount"]
                     if args.norm_reward:
                         rewards = scale_rewards(
-                            rewards, data["done"], reward_trace, reward_rms, args.gamma, args.clip_reward
+                            rewards, data["done"], reward_trace, reward_rms, discounts, args.clip_reward
                         )
                 if staleness > args.max_staleness:  # only after a resume with a smaller --max-staleness
                     dropped += 1
                 else:
                     # ---- advantages with the current critic: V(next obs) in an episode, V(final_obs) at its end
-                    with torch.no_grad():
+                    with torch.no_grad(), amp():
                         value_of = lambda obs: agent.get_value(obs.flatten(0, 1)).view(obs.shape[:2])
                         values = value_of(data["obs"])
                         next_values = torch.cat([values[1:], agent.get_value(item["next_obs"])[None]])
                         next_values = torch.where(data["done"], value_of(data["final_obs"]), next_values)
-                        advantages, returns = gae(
-                            rewards, values, next_values, data["terminated"], data["done"], args.gamma, args.gae_lambda
-                        )
+                    advantages, returns = gae(
+                        rewards, values, next_values, data["terminated"], data["done"], discounts, args.gae_lambda
+                    )
 
                     # ---- PPO update; the ratio is taken against the behaviour log-prob stored with the data
                     batch = data.select("obs", "action", "logprob").reshape(-1)
@@ -602,11 +667,18 @@ def main(args: Args) -> dict:
                         perm = torch.randperm(batch_size, device=device)
                         epoch_kl = []
                         for start in range(0, batch_size, minibatch_size):
-                            loss, mb_stats = loss_fn(agent, batch[perm[start : start + minibatch_size]], args)
+                            mb = batch[perm[start : start + minibatch_size]]
+                            mb = normalize_advantages(mb) if args.norm_adv else mb
                             optimizer.zero_grad(set_to_none=True)
-                            loss.backward()
+                            loss, mb_stats = 0.0, 0.0  # the minibatch's means, accumulated piece by piece
+                            for piece in mb.split(micro_batch_size):
+                                with amp():
+                                    piece_loss, piece_stats = loss_fn(agent, piece, args)
+                                weight = len(piece) / minibatch_size
+                                (piece_loss * weight).backward()
+                                loss, mb_stats = loss + piece_loss.detach() * weight, mb_stats + piece_stats * weight
                             grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                            if not guard.ok(loss, grad_norm, global_step + batch_size):  # the step it logs at
+                            if not guard.ok(loss, grad_norm, global_step + rollout_steps):  # the step it logs at
                                 continue
                             optimizer.step()
                             epoch_kl.append(mb_stats["approx_kl"])
@@ -621,7 +693,7 @@ def main(args: Args) -> dict:
                     if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
                         agent.obs_rms.update(state_vector(data["obs"], batch_dims=2))  # float entries only
                     version += 1
-                consumed, global_step = consumed + 1, global_step + batch_size  # the rollout is learned from
+                consumed, global_step = consumed + 1, global_step + rollout_steps  # the rollout is learned from
                 update_end = time.time()  # before publishing, so a waiting collector starts after it
                 collector.publish(consumed, version, agent)
                 timeline.append(

@@ -21,6 +21,7 @@ it into its own minibatches (rank r > 0 samples from a stream seeded by a hash o
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -38,14 +39,15 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
+from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
-from cleanrl_embodied.shared.encoders import PixelEncoder
+from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
 
 
 @dataclass
@@ -95,6 +97,17 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
+    action_head: Literal["gaussian", "bins"] = "gaussian"
+    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
+    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
+    action_bins: int = 256
+    """bins per action entry (--action-head bins)"""
+    action_chunk: int = 1
+    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
+    micro_batch_size: int | None = None
+    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
+    autocast: Literal["none", "bf16"] = "none"
+    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
     norm_obs: bool = False
     """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
     norm_reward: bool = False
@@ -112,6 +125,9 @@ def validate(args: Args, show: bool) -> None:
     check_args(
         args,
         positive=(
+            "action_bins",
+            "action_chunk",
+            "micro_batch_size",
             "num_envs",
             "num_steps",
             "total_timesteps",
@@ -177,18 +193,27 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Agent(nn.Module):
-    """Gaussian actor with a state-independent log-std and a separate critic, on the normalized observation
-    (TensorDict observations: their float entries; images first go through the shared `PixelEncoder`)."""
+    """An actor and a separate critic (MLPs) on the normalized observation (TensorDict observations: their float
+    entries; images and instructions first go through the shared `PixelEncoder`). The actor is a Gaussian with a
+    state-independent log-std, or a categorical over bins per action entry; over one action [D] or a chunk [K, D]."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
         self.obs_rms = RunningMeanStd((state_dim(obs_space),))
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if image_spaces(obs_space) else None
-        features, act_dim = self.encoder.out_dim if self.encoder else state_dim(obs_space), act_space.shape[0]
+        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
+        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
+        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
+        act_dim = math.prod(self.action_shape)
         self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+        if self.bins:  # one categorical per action entry; the raw action is the bin index
+            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
+            low, high = bin_bounds(act_space, self.bins)
+            self.register_buffer("action_low", low)
+            self.register_buffer("action_high", high)
+        else:
+            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
@@ -200,21 +225,32 @@ class Agent(nn.Module):
             )
         return state if self.encoder is None else self.encoder(obs, state)
 
-    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(features)
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
+        if self.bins:
+            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
+        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+        std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
-        return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+        shape = (-1, *self.action_shape)
+        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1)
+        return self._dist(features), self.critic(features).squeeze(-1).float()
 
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1).float()
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
+        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
+
+
+ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
 
 
 def make_agent(envs, args: Args) -> nn.Module:
@@ -225,18 +261,24 @@ def make_agent(envs, args: Args) -> nn.Module:
 
 
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw (unclipped) Gaussian action; return it with its log-prob and V(obs)."""
+    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
+    action's entries, a chunk's too), V(obs) and the action the env gets."""
     dist, value = agent(obs)
     action = dist.sample()
-    return TensorDict(action=action, logprob=dist.log_prob(action).sum(-1), value=value, batch_size=obs.shape[:1])
+    return TensorDict(
+        action=action,
+        logprob=dist.log_prob(action).flatten(1).sum(-1),
+        value=value,
+        env_action=agent.env_action(action),
+        batch_size=obs.shape[:1],
+    )
 
 
 def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the mean action, or a sample drawn from the evaluator's own generator."""
+    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
+    from the evaluator's own generator."""
     dist = agent.dist(obs)
-    if deterministic:
-        return dist.mean
-    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+    return agent.env_action(dist.mode if deterministic else sample(dist, generator))
 
 
 def compute_gae(
@@ -245,37 +287,46 @@ def compute_gae(
     next_values: torch.Tensor,
     terminated: torch.Tensor,
     dones: torch.Tensor,
-    gamma: float,
+    gamma: float | torch.Tensor,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout.
+    """Generalized advantage estimation over a [T, N] rollout of decisions.
 
-    next_values[t] is V of the state reached by action t in the *same* episode: V(obs[t+1]) while the
+    next_values[t] is V of the state reached by decision t in the *same* episode: V(obs[t+1]) while the
     episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
     has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
-    advantage recursion at episode ends. Masks select with `torch.where`, so a non-finite value past an
-    episode's end never reaches its advantages (NaN * 0 would be NaN). Returns (advantages, returns).
+    advantage recursion at episode ends. `gamma` is the discount of one decision: a float, or [T, N] where a
+    decision ran k env steps (an action chunk: gamma^k, and its reward is the discounted sum of those steps).
+    Masks select with `torch.where`, so a non-finite value past an episode's end never reaches its advantages
+    (NaN * 0 would be NaN). Returns (advantages, returns).
     """
-    deltas = rewards + gamma * torch.where(terminated, 0.0, next_values) - values
+    discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+    deltas = rewards + discounts * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        last = deltas[t] + gamma * gae_lambda * torch.where(dones[t], 0.0, last)
+        last = deltas[t] + discounts[t] * gae_lambda * torch.where(dones[t], 0.0, last)
         advantages[t] = last
     return advantages, advantages + values
 
 
+def normalize_advantages(mb: TensorDict) -> TensorDict:
+    """The minibatch with its advantages normalized to zero mean and unit std (over the whole minibatch, before
+    any split into micro-batches)."""
+    adv = mb["advantages"]
+    return mb.set("advantages", (adv - adv.mean()) / (adv.std() + 1e-8))
+
+
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch; returns (loss, detached statistics)."""
+    """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
+    detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
-    newlogprob = dist.log_prob(mb["action"]).sum(-1)
-    entropy = dist.entropy().sum(-1).mean()
+    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
+    entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
     adv = mb["advantages"]
-    if args.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -291,7 +342,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
             old_approx_kl=(-logratio).mean(),
             approx_kl=((ratio - 1) - logratio).mean(),
             clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
-        )
+        ).detach()
     return loss, stats
 
 
@@ -313,15 +364,16 @@ def scale_rewards(
     dones: torch.Tensor,
     trace: torch.Tensor,
     rms: RunningMeanStd,
-    gamma: float,
+    discounts: torch.Tensor,
     clip: float,
     world_size: int,
 ) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return, merged over all ranks (no mean shift);
-    `trace` holds each of this rank's envs' discounted return so far and is updated in place."""
+    `trace` holds each of this rank's envs' discounted return so far and is updated in place; `discounts` [T, N]
+    are the decisions' (gamma, or gamma^k for chunks of k steps)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
     for t in range(rewards.shape[0]):
-        trace.mul_(gamma).add_(rewards[t])
+        trace.mul_(discounts[t]).add_(rewards[t])
         traces[t] = trace
         trace.masked_fill_(dones[t], 0.0)
     rms.update(traces, world_size)
@@ -350,7 +402,7 @@ def main(args: Args) -> dict:
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
         args,
         ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
         resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
         read=rank == 0,
     )  # the others get the content from rank 0
@@ -363,7 +415,7 @@ def train(
 ) -> dict:
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
-    num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
+    num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk * world_size))
     if args.resume or args.eval_checkpoint:  # rank 0 read the file; every rank gets its content
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
@@ -468,15 +520,19 @@ def train(
         args.num_envs,
         device,
         obs=envs.single_observation_space,
-        action=((act_dim,), torch.float32),
+        action=(envs.single_action_space.shape, torch.float32),
         logprob=((), torch.float32),
         value=((), torch.float32),
         final_value=((), torch.float32),
         reward=((), torch.float32),
+        discount=((), torch.float32),
         terminated=((), torch.bool),
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
+    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
+    task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, False
@@ -490,20 +546,23 @@ def train(
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
 
             # ---- rollout on this rank: no collective (and on a GPU no host sync) inside this loop ----
-            rollout_stats = RolloutStats(device)
+            rollout_stats = RolloutStats(device, task_names)
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
-                    out = policy(next_obs)
+                    with amp():
+                        out = policy(next_obs)
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
                     storage["reward"][step], storage["terminated"][step] = reward, terminated
+                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
                     storage["done"][step] = done = terminated | truncated
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
-                        storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                        with amp():
+                            storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])
@@ -511,18 +570,19 @@ def train(
                 summed = torch.cat([rollout_stats.sums, watch.seen()])
                 dist.all_reduce(summed)
                 if summed[-2:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
-                    watch.check(global_step, args.num_envs * world_size, where=f"rank {rank} ")
+                    watch.check(global_step, args.num_envs * args.action_chunk * world_size, where=f"rank {rank} ")
                     fail("", show=False)
                 rollout_stats.sums = summed[:-2]
-                global_step += batch_size * world_size
+                global_step += batch_size * args.action_chunk * world_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
-                next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                with amp():
+                    next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
-                rewards = storage["reward"]
+                rewards, discounts = storage["reward"], storage["discount"]
                 if args.norm_reward:
                     rewards = scale_rewards(
-                        rewards, storage["done"], reward_trace, reward_rms, args.gamma, args.clip_reward, world_size
+                        rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward, world_size
                     )
                 advantages, returns = gae(
                     rewards,
@@ -530,7 +590,7 @@ def train(
                     next_values,
                     storage["terminated"],
                     storage["done"],
-                    args.gamma,
+                    discounts,
                     args.gae_lambda,
                 )
 
@@ -542,9 +602,16 @@ def train(
                 perm = torch.randperm(batch_size, device=device)
                 epoch_kl = []
                 for start in range(0, batch_size, minibatch_size):
-                    loss, stats = loss_fn(agent, batch[perm[start : start + minibatch_size]], args)
+                    mb = batch[perm[start : start + minibatch_size]]
+                    mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    loss, stats = 0.0, 0.0  # the minibatch's means, accumulated piece by piece
+                    for piece in mb.split(micro_batch_size):
+                        with amp():
+                            piece_loss, piece_stats = loss_fn(agent, piece, args)
+                        weight = len(piece) / minibatch_size
+                        (piece_loss * weight).backward()
+                        loss, stats = loss + piece_loss.detach() * weight, stats + piece_stats * weight
                     mean_loss = sync_gradients(params, world_size, loss)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank

@@ -1,4 +1,4 @@
-"""Image encoders the trainers' built-in agents share: a network piece, no training logic (the agents' heads,
+"""Observation encoders the trainers' built-in agents share: network pieces, no training logic (the agents' heads,
 distributions and losses stay in each trainer script)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.tensordict_helpers import image_spaces
+from cleanrl_embodied.shared.language import VOCAB_SIZE
+from cleanrl_embodied.shared.tensordict_helpers import image_spaces, token_spaces
 
 
 def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
@@ -19,12 +20,34 @@ def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
     return layer
 
 
+def needs_encoder(space: gym.Space) -> bool:
+    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
+    return bool(image_spaces(space) or token_spaces(space))
+
+
+class InstructionEncoder(nn.Module):
+    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
+    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
+    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+
+    def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+
+    def forward(self, tokens: TensorDict) -> torch.Tensor:
+        x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
+        keep = tokens["attention_mask"].unsqueeze(1) > 0
+        return self.out(torch.where(keep, x, -torch.inf).amax(-1).clamp_min(0.0))  # (an empty one gives zeros)
+
+
 class PixelEncoder(nn.Module):
-    """TensorDict observations with images -> one feature vector per row: each uint8 image [C, H, W] (scaled to
-    [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and ManiSkill pixel
-    baselines; H, W >= 36) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk),
-    concatenated with the (already normalized) float entries ``state``. Orthogonal init with gain sqrt(2), zero
-    biases.
+    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
+    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
+    ManiSkill pixel baselines; H, W >= 36) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's
+    trunk), each instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized)
+    float entries ``state``. Orthogonal init with gain sqrt(2), zero biases.
 
     The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
     them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
@@ -47,8 +70,11 @@ class PixelEncoder(nn.Module):
             self.cnns.append(
                 nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
             )
-        self.out_dim = features * len(self.keys) + state_dim
+        self.text_keys = list(token_spaces(obs_space))
+        self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
         images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
-        return torch.cat([*images, state], -1)
+        texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
+        return torch.cat([*images, *texts, state], -1)

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
+from cleanrl_embodied.shared.language import INSTRUCTION_KEY, decode_instructions
 from cleanrl_embodied.shared.logging import RunLogger
 
-__all__ = ["Evaluator", "evaluate", "evaluation_seed"]
+__all__ = ["Evaluator", "caption", "evaluate", "evaluation_seed"]
 
 Act = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -34,32 +36,68 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
 
     ``act(obs, generator)`` returns the actions; sampling policies draw from ``generator`` (seeded from
     ``seed``), so evaluating never touches the training run's random streams. With ``video_frames`` a
-    list, the first env's frames of its first episode are appended (``None`` where it can't render).
-    ``success_rate`` is None for envs without a success signal.
+    list, the first env's frames of its first episode are appended (``None`` where it can't render; every env
+    step's frame with action chunks). ``success_rate`` is None for envs without a success signal; envs with
+    several tasks (``metadata["task_names"]``) add ``success_rate/<task>`` over the episodes of each task, and
+    envs whose observations hold an instruction report the first env's first one as ``instruction``.
     """
     obs, _ = env.reset(seed=seed)
     device = obs.device
     gen = torch.Generator(device=device).manual_seed(seed)
     n = env.num_envs
     per_env = -(-num_episodes // n)  # ceil
+    task_names = tuple(env.metadata.get("task_names") or ())
+    tasks = torch.arange(len(task_names), device=device)
     done_count = torch.zeros(n, dtype=torch.long, device=device)
     sums, metric_sums, has_success = torch.zeros(3, device=device), {}, False
+    task_sums = torch.zeros(2, len(task_names), device=device)  # episodes and successes per task
+    chunked = video_frames is not None and hasattr(env, "record_frames")  # ActionChunks: a frame per env step
+    if chunked:
+        env.record_frames, env.frames = True, []
+    result_extra = {}
+    if isinstance(obs, TensorDict) and INSTRUCTION_KEY in obs.keys():
+        result_extra["instruction"] = decode_instructions(obs[INSTRUCTION_KEY][:1])[0]
     while bool((done_count < per_env).any()):
         obs, _, _, _, info = env.step(act(obs, gen))
         has_success = has_success or "success" in info
         if video_frames is not None and int(done_count[0]) == 0:
-            frame = env.render()
-            video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
+            for frame in env.frames if chunked else [env.render()]:
+                video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
+            if chunked:
+                env.frames = []
         counted = info["_episode"] & (done_count < per_env)
         ep = info["episode"]
         sums += torch.stack([torch.where(counted, ep[k].float(), 0.0).sum() for k in ("r", "l", "success")])
+        if task_names and "task_id" in ep:
+            mine = counted.unsqueeze(-1) & (ep["task_id"].unsqueeze(-1) == tasks)
+            task_sums += torch.stack(
+                [mine.float().sum(0), torch.where(mine, ep["success"].float()[:, None], 0.0).sum(0)]
+            )
         for k, v in info.get("metrics", {}).items():
             metric_sums[k] = metric_sums.get(k, 0.0) + torch.where(counted, v.float(), 0.0).sum()
         done_count += info["_episode"].long()
+    if chunked:
+        env.record_frames, env.frames = False, []
     ret, length, success = (sums / (per_env * n)).tolist()
     result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
     result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})
-    return result
+    if has_success:
+        for name, (count, successes) in zip(task_names, task_sums.T.tolist()):
+            result[f"success_rate/{name}"] = successes / count if count else None
+    return {**result, **result_extra}
+
+
+def caption(frames: np.ndarray, text: str) -> np.ndarray:
+    """``frames`` (uint8 [T, H, W, 3]) with ``text`` written in a dark band above them (Pillow's built-in font)."""
+    from PIL import Image, ImageDraw  # (Pillow comes with imageio, which writes the videos)
+
+    band = 14
+    out = np.zeros((frames.shape[0], frames.shape[1] + band, frames.shape[2], 3), dtype=np.uint8)
+    out[:, band:] = frames
+    label = Image.new("RGB", (frames.shape[2], band), (20, 20, 20))
+    ImageDraw.Draw(label).text((3, 1), text, fill=(255, 255, 255))
+    out[:, :band] = np.asarray(label)
+    return out
 
 
 class Evaluator:
@@ -75,6 +113,7 @@ class Evaluator:
     def run(self, act: Act, global_step: int) -> tuple[dict[str, Any], bool]:
         frames = [] if self.capture_video else None
         result = evaluate(act, self.env, self.num_episodes, evaluation_seed(self.seed, global_step), frames)
+        instruction = result.pop("instruction", None)
         result["global_step"] = global_step
         self.logger.log(
             {f"eval/{k}": v for k, v in result.items() if k != "global_step" and v is not None}, global_step
@@ -83,7 +122,11 @@ class Evaluator:
             self.logger.write("warning: the eval env cannot render here; no video, training goes on")
             self.capture_video = False
         elif frames:
-            self.logger.write_video(np.stack([np.asarray(f) for f in frames]), f"eval_{global_step}", global_step)
+            frames = np.stack([np.asarray(f) for f in frames])
+            if instruction is not None:  # the video shows what the policy was told
+                frames = caption(frames, instruction)
+                self.logger.write(f"video eval_{global_step}: {instruction!r}")
+            self.logger.write_video(frames, f"eval_{global_step}", global_step)
         key = (result["success_rate"] or 0.0, result["episodic_return"])
         is_best = key > self.best_key
         self.best_key = max(key, self.best_key)

@@ -41,6 +41,8 @@ def flatten_obs(obs: TensorDict | Mapping | torch.Tensor, batch_dims: int = 1) -
 def is_image(x: torch.Tensor | gym.spaces.Box, batch_dims: int = 0) -> bool:
     """Whether an observation leaf (a tensor with ``batch_dims`` leading batch dimensions, or a Box) is an image:
     uint8 with three dimensions [C, H, W] past the batch dimensions."""
+    if not isinstance(x, (torch.Tensor, gym.spaces.Box)):
+        return False
     dtype = x.dtype if isinstance(x, torch.Tensor) else torch.from_numpy(np.zeros((), x.dtype)).dtype
     return dtype == torch.uint8 and len(x.shape) - batch_dims == 3
 
@@ -53,19 +55,39 @@ def image_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[s
     return dict(sorted(leaves.items()))
 
 
+def token_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], gym.spaces.Dict]:
+    """{key path: space} of the instruction entries (``shared.language.instruction_space``: token ids and their
+    attention mask) of a (nested) Dict observation space, in sorted key order; {} for a Box."""
+    from cleanrl_embodied.shared.language import is_instruction_space  # (language imports nothing from here)
+
+    if not isinstance(space, gym.spaces.Dict):
+        return {}
+    if is_instruction_space(space):
+        return {prefix: space}
+    found = {key: sub for name, sub in space.spaces.items() for key, sub in token_spaces(sub, (*prefix, name)).items()}
+    return dict(sorted(found.items()))
+
+
+def _float_boxes(space: gym.Space) -> list[gym.spaces.Box]:
+    if isinstance(space, gym.spaces.Dict):
+        return [box for sub in space.spaces.values() for box in _float_boxes(sub)]
+    return [space] if np.issubdtype(space.dtype, np.floating) else []
+
+
 def state_dim(space: gym.Space) -> int:
-    """Size of :func:`state_vector` for observations of ``space``: all entries that are not images."""
-    return flat_dim(space) - sum(int(np.prod(box.shape)) for box in image_spaces(space).values())
+    """Size of :func:`state_vector` for observations of ``space``: all its float entries (not the images, not the
+    instruction tokens)."""
+    return sum(int(np.prod(box.shape)) for box in _float_boxes(space))
 
 
 def state_vector(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
     """The float part of an observation as one float32 vector per row: a plain tensor as it is, a TensorDict's
-    non-image leaves concatenated in sorted key order (:func:`flatten_obs`'s order), ``[..., 0]`` if it has none.
-    This is what observation normalization sees: images are never normalized."""
+    float leaves concatenated in sorted key order (:func:`flatten_obs`'s order), ``[..., 0]`` if it has none.
+    This is what observation normalization sees: images and instruction tokens are never normalized."""
     if isinstance(obs, torch.Tensor):
         return obs
     leaves = [obs.get(key) for key in sorted_leaf_keys(obs)]
-    leaves = [leaf.reshape(*leaf.shape[:batch_dims], -1).float() for leaf in leaves if not is_image(leaf, batch_dims)]
+    leaves = [leaf.reshape(*leaf.shape[:batch_dims], -1).float() for leaf in leaves if leaf.is_floating_point()]
     return torch.cat(leaves, dim=-1) if leaves else torch.zeros(*obs.shape[:batch_dims], 0, device=obs.device)
 
 

@@ -44,7 +44,7 @@ from cleanrl_embodied.shared.envs.wrappers import (
 
 __all__ = ["BUILTIN_ENV_IDS", "check_env_id", "env_state_dict", "load_env_state_dict", "make_env", "resolve_env_id"]
 
-BUILTIN_ENV_IDS = ("PushCubeRL",)
+BUILTIN_ENV_IDS = ("PushCubeRL", "PushCubeLangRL")
 
 
 def _make_push_cube_vec(
@@ -56,8 +56,16 @@ def _make_push_cube_vec(
     return EpisodeStatistics(PushCubeRLVecEnv(num_envs=num_envs, device=device, seed=seed, **kwargs))
 
 
-if "PushCubeRL" not in gym.registry:  # importing this module twice (or reloading it) must not re-register
-    gym.register(id="PushCubeRL", vector_entry_point=_make_push_cube_vec)
+def _make_push_cube_lang_vec(num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None, **kwargs):
+    """PushCubeLangRL: PushCubeRL with its four language-conditioned tasks (``tasks``, see push_cube.TASKS)."""
+    from cleanrl_embodied.shared.envs.push_cube import LANG_TASKS
+
+    return _make_push_cube_vec(num_envs, device, seed, **{"tasks": LANG_TASKS, **kwargs})
+
+
+for _id, _entry in (("PushCubeRL", _make_push_cube_vec), ("PushCubeLangRL", _make_push_cube_lang_vec)):
+    if _id not in gym.registry:  # importing this module twice (or reloading it) must not re-register
+        gym.register(id=_id, vector_entry_point=_entry)
 
 
 def _import_env_module(env_id: str, module: str) -> None:
@@ -174,8 +182,8 @@ def make_env(
         from cleanrl_embodied.shared.envs.envpool_backend import make_envpool_env  # lazy: optional extra
 
         env = make_envpool_env(env_id, num_envs, device, seed, info_keys=info_keys, **env_kwargs)
-    elif env_id == "PushCubeRL":
-        env = gym.make_vec("PushCubeRL", num_envs=num_envs, device=device, seed=seed, **env_kwargs)
+    elif env_id in BUILTIN_ENV_IDS:
+        env = gym.make_vec(env_id, num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
     elif is_maniskill_id(env_id):

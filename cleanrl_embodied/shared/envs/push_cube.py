@@ -50,6 +50,7 @@ import torch
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared.envs import franka
+from cleanrl_embodied.shared.language import INSTRUCTION_KEY, encode_instructions, instruction_space
 
 CONTROL_DT = 0.05  # seconds per control step (20 Hz)
 JOINT_DELTA_SCALE = 0.1  # default radians per control step at action magnitude 1 (action_mode="joint_delta")
@@ -90,6 +91,17 @@ DEFAULT_REWARD_WEIGHTS = {
 RANDOMIZABLE = {"cube_half_size": 1e-3, "push_friction": 0.0, "obs_noise_std": 0.0, "action_noise_std": 0.0}
 
 CAMERAS = ("top", "front", "side", "perspective")
+
+# Language-conditioned tasks (``tasks``, PushCubeLangRL): name -> (direction from the cube's start to the goal in
+# radians, seen from the robot, which stands at -x facing +x; the instruction the policy gets).
+TASKS = {
+    "forward": (0.0, "push the cube forward"),
+    "left": (0.5 * math.pi, "push the cube to the left"),
+    "back": (math.pi, "push the cube back"),
+    "right": (-0.5 * math.pi, "push the cube to the right"),
+}
+LANG_TASKS = ("forward", "left", "back", "right")  # PushCubeLangRL's default
+DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observation
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -200,6 +212,15 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     state. Default PPO learns both about equally fast; with sliding, solved episodes are ~14% shorter, a push
     carrying the cube a little further (see the README).
 
+    Tasks (``tasks``, the PushCubeLangRL id): each episode draws one of several named tasks, a goal direction
+    with an instruction (``TASKS``: "push the cube forward", "... to the left", "... back", "... to the right"), so
+    that the same starts call for different pushes and only the instruction tells which. The observation is then
+    a TensorDict that holds the instruction tokens (``"instruction"``: ``input_ids`` and ``attention_mask``
+    [N, ``instruction_length``], see ``shared.language``) and no goal: the state leaves out goal_pos and
+    cube_to_goal ([N, 25]; "state" mode gives {"state", "instruction"}), and the images draw no goal region.
+    ``info["task_id"]`` [N] (long) is the task of the step's episode (of the finished one where an episode
+    ended) and ``metadata["task_names"]`` names them; success, reward and ``render()`` (videos) use the task's goal.
+
     Action in [-1, 1]: 7 joint deltas (``action_mode="joint_delta"``, ``joint_delta_scale`` rad at 1),
     7 absolute joint positions (``"joint_pos"``, -1..1 spans each joint's range) or 3 TCP deltas in the
     world frame (``"ee_delta_pos"``, ``ee_delta_scale`` m at 1).
@@ -225,6 +246,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         "render_modes": ["rgb_array"],
         "render_fps": 20,
     }
+    partial_reset = True  # reset(options={"reset_mask": mask}) resets just those envs
 
     def __init__(
         self,
@@ -262,6 +284,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         camera: str = "top",
         render_mode: str | None = "rgb_array",
         image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
+        tasks: Sequence[str] | None = None,
+        instruction_length: int = DEFAULT_INSTRUCTION_LENGTH,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
@@ -312,6 +336,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             camera: view of ``render()``: "top" (top-down, default), "front", "side" or "perspective".
             render_mode: only "rgb_array" (kept for Gymnasium's make_vec).
             image_size: size of the image observations (rgb modes): an int for square images or (H, W).
+            tasks: names of ``TASKS`` drawn uniformly per episode (language-conditioned, see the class
+                docstring); None: the single task of ``goal_direction``.
+            instruction_length: bytes of instruction tokens in the observation (with ``tasks``).
         """
         ranges = _check_args(locals())
         self.num_envs = int(num_envs)
@@ -333,9 +360,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.cube_dynamics = cube_dynamics
         self.cube_friction = float(cube_friction)
         self._sliding = cube_dynamics == "sliding"
+        self.task_names = tuple(tasks) if tasks is not None else None
         self.obs_layout = SLIDING_OBS_LAYOUT if self._sliding else OBS_LAYOUT
+        if self.task_names:  # the instruction says where the goal is: the state doesn't
+            self.obs_layout = tuple(e for e in self.obs_layout if e[1] not in ("goal_pos", "cube_to_goal"))
+            self.metadata = {**type(self).metadata, "task_names": self.task_names}
         self.obs_dim = sum(size for _, _, size in self.obs_layout)
-        self._state_keys = SLIDING_STATE_KEYS if self._sliding else STATE_KEYS
+        self._state_keys = (*(SLIDING_STATE_KEYS if self._sliding else STATE_KEYS), *(("task",) if tasks else ()))
+        self.instruction_length = int(instruction_length)
         self.param_ranges = ranges
         self.reward_weights = {**DEFAULT_REWARD_WEIGHTS, **(reward_weights or {})}
         self._active_terms = [name for name, w in self.reward_weights.items() if w != 0.0]
@@ -373,6 +405,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.goal_dir_xy = torch.tensor(
             [math.cos(goal_direction), math.sin(goal_direction)], dtype=torch.float32, device=self.device
         )
+        directions = [TASKS[name][0] for name in self.task_names or ()]
+        self._task_dirs = torch.tensor(
+            [[math.cos(a), math.sin(a)] for a in directions], dtype=torch.float32, device=self.device
+        ).view(-1, 2)  # [num tasks, 2]
+        if self.task_names:
+            texts = [TASKS[name][1] for name in self.task_names]
+            self._task_tokens = encode_instructions(texts, self.instruction_length, self.device)
         self._randomize_at = torch.tensor(self.randomize_at, dtype=torch.int32, device=self.device)
         self._substep_fractions = torch.tensor(
             [k / contact_substeps for k in range(1, contact_substeps + 1)], device=self.device
@@ -394,7 +433,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         for key, value in self._sample_start_state().items():
             setattr(self, key, value)
         if self._images:
-            self._setup_obs_camera(goal_direction)
+            self._setup_obs_camera(directions or [goal_direction])
 
     # ------------------------------------------------------------------ spaces
     def _build_spaces(self) -> None:
@@ -416,6 +455,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 groups.setdefault(group, {})[name] = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
             nested = {group: gym.spaces.Dict(boxes) for group, boxes in groups.items()}
             self.single_observation_space = gym.spaces.Dict(nested)
+        if self.task_names:  # the instruction joins the observation, which becomes (or stays) a Dict
+            spaces = (
+                self.single_observation_space.spaces
+                if isinstance(self.single_observation_space, gym.spaces.Dict)
+                else {"state": self.single_observation_space}
+            )
+            spaces = {**spaces, INSTRUCTION_KEY: instruction_space(self.instruction_length)}
+            self.single_observation_space = gym.spaces.Dict(spaces)
         action_dim = 3 if self.action_mode == "ee_delta_pos" else franka.NUM_JOINTS
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
@@ -424,13 +471,26 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Reset every env. ``seed`` reseeds the env's generator; ``options={"group_size": G}`` makes
-        consecutive groups of G envs start identically (also at their later autoresets)."""
-        if seed is not None:
-            self._generator.manual_seed(seed)
-        self._group_size = self._parse_group_size(options)
-        for key, value in self._sample_start_state().items():
-            setattr(self, key, value)
-        return self._format_obs(self._observe(), self._render_obs() if self._images else None), {}
+        consecutive groups of G envs start identically (also at their later autoresets);
+        ``options={"reset_mask": mask}`` ([N] bool) resets only the envs in ``mask`` (Gymnasium's partial reset;
+        the other rows of the returned observation are the envs' current ones)."""
+        mask = (options or {}).get("reset_mask")
+        if mask is not None:
+            mask = torch.as_tensor(mask, dtype=torch.bool, device=self.device)
+            if seed is not None or mask.shape != (self.num_envs,):
+                raise ValueError(
+                    f"PushCubeRL: reset_mask must be a bool [{self.num_envs}] mask, without a seed, "
+                    f"got shape {tuple(mask.shape)} and seed {seed!r}"
+                )
+            self._reset_finished(mask)
+        else:
+            if seed is not None:
+                self._generator.manual_seed(seed)
+            self._group_size = self._parse_group_size(options)
+            for key, value in self._sample_start_state().items():
+                setattr(self, key, value)
+        info = {"task_id": self.task} if self.task_names else {}
+        return self._format_obs(self._observe(), self._render_obs() if self._images else None), info
 
     def _parse_group_size(self, options: dict | None) -> int:
         """Group size from reset options (1 when absent), checked against num_envs."""
@@ -475,17 +535,24 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         qpos, cube_xy, cube_yaw = self._per_group(qpos, cube_xy, cube_yaw)
         params = dict(zip(params, self._per_group(*params.values())))
         qpos = self._clip_to_limits(qpos)
+        goal_dir = self.goal_dir_xy
+        task = {}
+        if self.task_names:  # drawn after everything else: a seed gives PushCubeRL's starts with a task on top
+            drawn = torch.randint(len(self.task_names), (num_groups,), generator=self._generator, device=self.device)
+            task["task"] = self._per_group(drawn)[0]
+            goal_dir = self._task_dirs[task["task"]]
         return {
             "qpos": qpos,
             "qvel": torch.zeros_like(qpos),
             "tcp_pos": franka.tcp_position(qpos, self.base_pos),
             "cube_xy": cube_xy,
             "cube_yaw": cube_yaw,
-            "goal_xy": cube_xy + self.goal_distance * self.goal_dir_xy,
+            "goal_xy": cube_xy + self.goal_distance * goal_dir,
             **params,
             "prev_action": torch.zeros(self.action_space.shape, device=self.device),
             "elapsed_steps": torch.zeros(self.num_envs, dtype=torch.int32, device=self.device),
             **({"cube_vel": torch.zeros_like(cube_xy)} if self._sliding else {}),
+            **task,
         }
 
     def _reset_finished(self, done: torch.Tensor) -> None:
@@ -554,17 +621,21 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
         final_obs = self._observe()
         final_images = self._render_obs() if self._images else None
+        final_task = self.task if self.task_names else None
+        final_obs = self._format_obs(final_obs, final_images)  # (the finished episodes' instructions)
         self.prev_action = actions
         self._reset_finished(done)
         obs = self._observe()
         images = self._render_obs() if self._images else None
         info = {
-            "final_obs": self._format_obs(final_obs, final_images),
+            "final_obs": final_obs,
             "_final_obs": done,
             "success": success,
             "rewards": terms,
             "metrics": {"distance_to_goal": distance_to_goal},
         }
+        if final_task is not None:
+            info["task_id"] = final_task
         return self._format_obs(obs, images), reward, terminated, truncated, info
 
     def _joint_step_command(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -814,6 +885,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         centre += direction * distance
         velocity.copy_(direction * new_speed)
 
+    def goal_direction(self) -> torch.Tensor:
+        """Unit vector [2] (one task) or [N, 2] (``tasks``) from each cube's start toward its goal."""
+        return self._task_dirs[self.task] if self.task_names else self.goal_dir_xy
+
     def _reward(self, distance_to_goal: torch.Tensor, success: torch.Tensor, actions: torch.Tensor):
         """The reward [N] and its weighted terms {name: [N]} (see DEFAULT_REWARD_WEIGHTS); the reward is their
         sum, in the order of DEFAULT_REWARD_WEIGHTS. Only terms with a non-zero weight are computed."""
@@ -821,7 +896,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         terms: dict[str, torch.Tensor] = {}
         if weights["reach"] or weights["place"]:
             behind = (self.cube_half_size + TCP_RADIUS + PUSH_POINT_MARGIN).unsqueeze(-1)
-            push_xy = self.cube_xy - behind * self.goal_dir_xy
+            push_xy = self.cube_xy - behind * self.goal_direction()
             push_offset = torch.cat((push_xy, self.cube_half_size.unsqueeze(-1)), -1) - self.tcp_pos
             push_distance = torch.linalg.vector_norm(push_offset, dim=-1)
             if weights["reach"]:
@@ -853,9 +928,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         cube_pos = torch.cat((self.cube_xy, self.cube_half_size.unsqueeze(-1)), -1)
         goal_pos = torch.cat((self.goal_xy, torch.zeros_like(self.cube_yaw).unsqueeze(-1)), -1)
         yaw = self.cube_yaw.unsqueeze(-1)
+        goal, to_goal = ((goal_pos,), (goal_pos - cube_pos,)) if not self.task_names else ((), ())  # tasks: words
         obs = torch.cat(
-            (self.qpos, self.qvel, self.tcp_pos, cube_pos, torch.sin(yaw), torch.cos(yaw), goal_pos,
-             cube_pos - self.tcp_pos, goal_pos - cube_pos, *((self.cube_vel,) if self._sliding else ())),
+            (self.qpos, self.qvel, self.tcp_pos, cube_pos, torch.sin(yaw), torch.cos(yaw), *goal,
+             cube_pos - self.tcp_pos, *to_goal, *((self.cube_vel,) if self._sliding else ())),
             -1,
         )  # fmt: skip
         if self._obs_noise:
@@ -866,8 +942,18 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     def _format_obs(self, flat_obs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor | TensorDict:
         """The observation in the env's obs_mode from the flat one and the images (rgb modes): state: as is;
         dict: nested TensorDict; rgb: TensorDict {"rgb"}; proprio+rgb and state+rgb: TensorDict {"state" (the
-        robot's part or all of it), "rgb"}. (The rgb modes compute the whole flat observation too, so that
-        observation noise draws the same random numbers in every mode and a seed gives the same episodes.)"""
+        robot's part or all of it), "rgb"}; with tasks each also holds the "instruction". (The rgb modes compute
+        the whole flat observation too, so that observation noise draws the same random numbers in every mode and
+        a seed gives the same episodes.)"""
+        if self.task_names:
+            obs = self._format_untasked(flat_obs, images)
+            if not isinstance(obs, TensorDict):
+                obs = TensorDict({"state": obs}, batch_size=[self.num_envs], device=self.device)
+            obs[INSTRUCTION_KEY] = self._task_tokens[self.task]
+            return obs
+        return self._format_untasked(flat_obs, images)
+
+    def _format_untasked(self, flat_obs: torch.Tensor, images: torch.Tensor | None) -> torch.Tensor | TensorDict:
         if self.obs_mode == "state":
             return flat_obs
         if self.obs_mode == "rgb":
@@ -1004,14 +1090,23 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         return (image * 255).round().to(torch.uint8).numpy()
 
     # ------------------------------------------------------------------ image observations
-    def _setup_obs_camera(self, goal_direction: float) -> None:
-        """Window, pixel size, tile sizes and colour table of the observation camera (see the class docstring)."""
+    def _setup_obs_camera(self, goal_directions: list[float]) -> None:
+        """Window, pixel size, tile sizes and colour table of the observation camera (see the class docstring);
+        the window holds the region of every goal direction (of every task)."""
         height, width = self.image_size
         half_max = self.param_ranges["cube_half_size"][1]
         reach = max(math.sqrt(2.0) * half_max, half_max + 2 * TCP_RADIUS + PUSH_POINT_MARGIN) + OBS_VIEW_MARGIN
-        centre = tuple(0.5 * self.goal_distance * f(goal_direction) for f in (math.cos, math.sin))  # of the region
-        extent_x = self.cube_xy_range + abs(centre[0]) + reach  # half-widths of the region to show
-        extent_y = self.cube_xy_range + abs(centre[1]) + reach
+        regions = []  # (centre, half-widths) of the region of each goal direction
+        for direction in goal_directions:
+            centre = tuple(0.5 * self.goal_distance * f(direction) for f in (math.cos, math.sin))
+            regions.append((centre, tuple(self.cube_xy_range + abs(c) + reach for c in centre)))
+        if len(regions) == 1:
+            centre, (extent_x, extent_y) = regions[0]
+        else:  # the bounding box of them all
+            lows = [min(c[i] - e[i] for c, e in regions) for i in (0, 1)]
+            highs = [max(c[i] + e[i] for c, e in regions) for i in (0, 1)]
+            centre = tuple(0.5 * (lo + hi) for lo, hi in zip(lows, highs))
+            extent_x, extent_y = (0.5 * (hi - lo) for lo, hi in zip(lows, highs))
         pixel = max(2 * extent_x / width, 2 * extent_y / height)  # square pixels, the region fits both ways
         self._pixel_size = pixel
         self._view_x0 = centre[0] - 0.5 * width * pixel  # left edge
@@ -1090,10 +1185,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         # everywhere, and one spare slot at the end.
         keys = torch.zeros(num * height * width + 1, dtype=torch.int32, device=self.device)
         goal_x, goal_y = self.goal_xy[:, :1], self.goal_xy[:, 1:]
-        for radius, offsets, material in (
+        goal_disks = (
             (self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
             (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE),
-        ):
+        )
+        for radius, offsets, material in goal_disks if not self.task_names else ():  # tasks: only words tell
             flat, px, py = self._tiles(goal_x, goal_y, offsets)
             self._draw(keys, flat, (px - col(goal_x)) ** 2 + (py - col(goal_y)) ** 2 <= radius * radius, material)
 
@@ -1185,6 +1281,20 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
     for kwarg in ("goal_direction",):
         if not number(kwarg):
             fail(kwarg, "a finite number (radians)")
+    tasks = args["tasks"]
+    if tasks is not None:
+        if (
+            not isinstance(tasks, (list, tuple))
+            or not tasks
+            or not all(isinstance(t, str) and t in TASKS for t in tasks)
+            or len(set(tasks)) != len(tasks)
+        ):
+            fail("tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
+        if args["goal_direction"] != 0.0:
+            raise ValueError("PushCubeRL: give tasks or goal_direction, not both (each task has its own direction)")
+    longest = max(len(text.encode()) for _, text in TASKS.values())
+    if not _is_int(args["instruction_length"]) or args["instruction_length"] < longest:
+        fail("instruction_length", f"an integer >= {longest} (bytes of the longest instruction)")
     if not number("goal_distance") or args["goal_distance"] <= args["goal_radius"]:
         fail(
             "goal_distance",

@@ -29,7 +29,8 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gymnasium.wrappers.utils import rescale_box
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, image_spaces, is_image
+from cleanrl_embodied.shared.language import encode_instructions, text_to_instruction_space
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, image_spaces, is_image, token_spaces
 
 
 class EpisodeStatistics(VectorWrapper):
@@ -38,7 +39,9 @@ class EpisodeStatistics(VectorWrapper):
     Running return (float32) and length (int32) live on the env's device and are updated with pure
     tensor ops (no ``.item()``, no boolean indexing), so there is no host sync per step. Values in
     ``info["episode"]`` are valid in the rows where ``info["_episode"]`` (terminated | truncated) is True.
-    Episode success is ``info["success"]`` at the episode's last step, 0 if the env has no success signal.
+    Episode success is ``info["success"]`` at the episode's last step, 0 if the env has no success signal; an
+    env that reports ``info["task_id"]`` (several tasks) gets the finished episode's task in ``episode["task_id"]``.
+    ``reset(options={"reset_mask": mask})`` (a partial reset) restarts the statistics of the envs in ``mask`` only.
     """
 
     def __init__(self, env: VectorEnv):
@@ -48,9 +51,15 @@ class EpisodeStatistics(VectorWrapper):
         self._length: torch.Tensor | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset all envs and all running statistics."""
-        self._return = None
-        self._length = None
+        """Reset all envs and all running statistics (with a ``reset_mask``, those of the envs in it)."""
+        mask = (options or {}).get("reset_mask")
+        if mask is None:
+            self._return = None
+            self._length = None
+        elif self._return is not None:
+            mask = torch.as_tensor(mask, device=self._return.device)
+            self._return = torch.where(mask, 0.0, self._return)
+            self._length = torch.where(mask, 0, self._length).to(torch.int32)
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions):
@@ -65,6 +74,8 @@ class EpisodeStatistics(VectorWrapper):
         success = info.get("success")
         success = success.float() if success is not None else torch.zeros_like(episode_return)
         info["episode"] = {"r": episode_return, "l": episode_length, "success": success}
+        if "task_id" in info:
+            info["episode"]["task_id"] = info["task_id"]
         info["_episode"] = done
         # Finished envs start their next episode from zero (SAME_STEP autoreset already happened).
         self._return = torch.where(done, 0.0, episode_return)
@@ -221,18 +232,29 @@ class RenderFirstEnv(VectorWrapper):
             return None
 
 
-def _float32_space(space: gym.Space) -> gym.Space:
+def _float32_space(space: gym.Space, top: bool = True) -> gym.Space:
     """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype); images (uint8
-    [C, H, W] leaves of a Dict) stay uint8."""
+    [C, H, W] leaves of a Dict) stay uint8; a ``Text`` entry of a Dict becomes instruction tokens
+    (``shared.language``: byte ids and attention mask)."""
     if isinstance(space, gym.spaces.Dict):
         return gym.spaces.Dict(
-            [(key, sub if is_image(sub) else _float32_space(sub)) for key, sub in space.spaces.items()]
+            [(key, sub if is_image(sub) else _float32_space(sub, top=False)) for key, sub in space.spaces.items()]
         )  # keep order
+    if isinstance(space, gym.spaces.Text) and not top:
+        return text_to_instruction_space(space)
     if isinstance(space, gym.spaces.Box):
         with np.errstate(over="ignore"):
             low, high = space.low.astype(np.float32), space.high.astype(np.float32)
         return gym.spaces.Box(low, high, dtype=np.float32)
-    raise ValueError(f"observation space {space} is not supported: expected a Box or a nested Dict of Boxes")
+    raise ValueError(
+        f"observation space {space} is not supported: expected a Box or a nested Dict of Boxes (and Text entries)"
+    )
+
+
+@iterate.register(gym.spaces.Text)
+def _iterate_text(space: gym.spaces.Text, items):
+    """Gymnasium batches Text observations as a tuple of strings but registers no way to iterate over them."""
+    return iter(items)
 
 
 def _numpy_leaves(obs) -> list[np.ndarray]:
@@ -382,18 +404,22 @@ class GymnasiumToTorch(RenderFirstEnv):
 
     def _obs_to_torch(self, obs) -> torch.Tensor | TensorDict:
         if isinstance(obs, dict):
-            return TensorDict(self._obs_dict_to_torch(obs), batch_size=[self.num_envs], device=self.device)
+            obs = self._obs_dict_to_torch(obs, self.single_observation_space)
+            return TensorDict(obs, batch_size=[self.num_envs], device=self.device)
         return self._tensor(np.array(obs, dtype=np.float32))
 
-    def _obs_dict_to_torch(self, obs: dict) -> dict:
-        return {
-            key: self._obs_dict_to_torch(value)
-            if isinstance(value, dict)
-            else self._tensor(
-                np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4 else np.float32)
-            )  # images stay uint8
-            for key, value in obs.items()
-        }
+    def _obs_dict_to_torch(self, obs: dict, space: gym.spaces.Dict) -> dict:
+        out = {}
+        for key, value in obs.items():
+            if isinstance(value, dict):
+                out[key] = self._obs_dict_to_torch(value, space[key])
+            elif not isinstance(value, np.ndarray) or value.dtype.kind in "USO":  # Text: the batch of strings
+                out[key] = encode_instructions(list(value), space[key]["input_ids"].shape[0], self.device)
+            else:  # images stay uint8
+                out[key] = self._tensor(
+                    np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4 else np.float32)
+                )
+        return out
 
     def _passes(self, key: str) -> bool:
         """Whether a (batched) info entry of the sub-envs, or its ``_<key>`` mask, is passed on."""
@@ -454,9 +480,15 @@ class GymnasiumToTorch(RenderFirstEnv):
         return self._tensor(obs), self._tensor(dense)
 
     # ---- VectorEnv API -----------------------------------------------------------------------------
+    partial_reset = True  # reset(options={"reset_mask": mask}) resets just those envs
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset all sub-envs; ``options={"group_size": G}`` gives each group of G envs one seed."""
+        """Reset all sub-envs; ``options={"group_size": G}`` gives each group of G envs one seed;
+        ``options={"reset_mask": mask}`` resets only the envs in ``mask`` (the other rows of the returned
+        observation are the envs' current ones)."""
         options = dict(options) if options else {}
+        if "reset_mask" in options:
+            return self._partial_reset(np.asarray(torch.as_tensor(options.pop("reset_mask")).cpu(), dtype=bool))
         group_size = options.pop("group_size", None)
         if seed is None and self._first_reset:
             seed = self._seed
@@ -484,7 +516,30 @@ class GymnasiumToTorch(RenderFirstEnv):
                 self._success_key = self._success_key or key
                 del info[key]
                 info.pop(f"_{key}", None)
-        return self._obs_to_torch(obs), self._info_to_torch(info)
+        self._last_obs = self._obs_to_torch(obs)
+        return self._last_obs, self._info_to_torch(info)
+
+    def _partial_reset(self, mask: np.ndarray):
+        """Reset the envs in ``mask`` (no seed: each continues its own random stream); other rows keep their obs."""
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            return self._last_obs, {}
+        if self._sub_envs is not None:  # stepped here: reset the sub-envs here too
+            fresh = {int(i): self._sub_envs[i].reset()[0] for i in rows}
+            space = self.env.single_observation_space
+            batch = [fresh.get(i, fresh[int(rows[0])]) for i in range(self.num_envs)]  # other rows: filler
+            obs = concatenate(space, batch, create_empty_array(space, self.num_envs))
+        else:
+            obs, _ = self.env.reset(options={"reset_mask": mask})
+        self._episode_return = np.where(mask, np.float32(0.0), self._episode_return)
+        self._episode_length = np.where(mask, np.int32(0), self._episode_length)
+        keep = torch.as_tensor(mask, device=self.device)
+        obs_t = self._obs_to_torch(obs)
+        if isinstance(obs_t, TensorDict):
+            self._last_obs = torch.where(keep, obs_t, self._last_obs)
+        else:
+            self._last_obs = torch.where(keep.view(-1, *([1] * (obs_t.dim() - 1))), obs_t, self._last_obs)
+        return self._last_obs, {}
 
     def _check_identical_groups(self, obs, group_size: int, seeds: list[int]) -> None:
         num_groups = self.num_envs // group_size
@@ -589,6 +644,7 @@ class GymnasiumToTorch(RenderFirstEnv):
             else:  # finished envs start their next episode from zero (SAME_STEP autoreset already happened)
                 self._episode_return = np.where(done, np.float32(0.0), episode_return)
                 self._episode_length = np.where(done, np.int32(0), episode_length)
+        self._last_obs = obs_t  # (what a partial reset leaves in the rows it doesn't reset)
         return obs_t, tensor(reward), tensor(terminated), tensor(truncated), out
 
     def step(self, actions):
@@ -612,12 +668,13 @@ class GymnasiumToTorch(RenderFirstEnv):
 
 def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
     """Whether observations of ``space`` get flattened: Dict spaces when ``flatten_obs`` is True, or when it is
-    None (the default) and they hold no image (a uint8 ``[C, H, W]`` leaf); never a Box."""
+    None (the default) and all their leaves are floats (no image, which is a uint8 ``[C, H, W]`` leaf, and no
+    instruction tokens); never a Box."""
     if flatten_obs not in (None, True, False):
         raise ValueError(
             f"flatten_obs must be true, false or null (flatten unless there are images), got {flatten_obs!r}"
         )
-    wanted = not image_spaces(space) if flatten_obs is None else flatten_obs
+    wanted = not (image_spaces(space) or token_spaces(space)) if flatten_obs is None else flatten_obs
     return wanted and isinstance(space, gym.spaces.Dict)
 
 

@@ -1,0 +1,284 @@
+"""Instructions in observations, the language-conditioned PushCubeLangRL with its scripted expert, action heads (bins,
+chunks), micro-batches, bf16 autocast and GRPO's group filter, in all four trainers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied.shared import make_env
+from cleanrl_embodied.shared.actions import Bins, decode_bins, sample
+from cleanrl_embodied.shared.envs.chunks import ActionChunks
+from cleanrl_embodied.shared.envs.push_cube import OBS_GOAL_CENTRE_COLOR, OBS_GOAL_REGION_COLOR, TASKS
+from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from cleanrl_embodied.shared.language import decode_instructions, encode_instructions
+from tests.instructed_envs import TARGETS, counting_env
+
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async, "grpo": grpo}
+
+
+# ---- instructions ----------------------------------------------------------------------------------------------
+def test_instruction_tokens_round_trip_and_refuse_what_does_not_fit():
+    texts = ["push the cube to the left", "", "grüß dich"]
+    tokens = encode_instructions(texts, 32)
+    assert tokens["input_ids"].dtype == torch.int64 and tokens["input_ids"].shape == (3, 32)
+    assert tokens["attention_mask"].sum(-1).tolist() == [len(t.encode()) for t in texts]
+    assert decode_instructions(tokens) == texts
+    with pytest.raises(ValueError, match="bytes long"):
+        encode_instructions(["x" * 33], 32)
+
+
+def test_push_cube_lang_instructions_differ_per_env_and_change_at_reset():
+    env = make_env("PushCubeLangRL", num_envs=64, seed=0)
+    obs, info = env.reset(seed=1)
+    texts = decode_instructions(obs["instruction"])
+    names = env.metadata["task_names"]
+    assert set(texts) == {TASKS[name][1] for name in names}  # all four among 64 envs
+    assert texts == [TASKS[names[t]][1] for t in info["task_id"].tolist()]  # the words name the task the env has
+    assert obs["state"].shape == (64, 25)  # no goal position, no cube-to-goal offset: only the words tell
+    changed = torch.zeros(64, dtype=torch.bool)
+    for _ in range(60):  # every episode ends (truncation at 50 steps) and the next draws its task anew
+        before = obs["instruction"]["input_ids"].clone()
+        obs, _, _, _, info = env.step(torch.zeros(64, 7))
+        final_texts = decode_instructions(info["final_obs"]["instruction"])
+        ended = info["_episode"]
+        before_texts = decode_instructions(TensorDict(input_ids=before, attention_mask=(before > 0).long()))
+        for i in torch.nonzero(ended).flatten().tolist():  # the finished episode's words stay in final_obs
+            assert final_texts[i] == before_texts[i]
+        changed |= ended & (obs["instruction"]["input_ids"] != before).any(-1)
+        assert torch.equal(obs["instruction"]["input_ids"][~ended], before[~ended])  # fixed within an episode
+    assert changed.float().mean() > 0.5  # about 3 in 4 envs drew another task
+
+
+def test_group_resets_share_the_task_and_rgb_shows_no_goal():
+    env = make_env("PushCubeLangRL", num_envs=16, seed=0, obs_mode="rgb", image_size=48)
+    obs, info = env.reset(seed=3, options={"group_size": 4})
+    tasks = info["task_id"].view(4, 4)
+    assert (tasks == tasks[:, :1]).all() and len(set(tasks[:, 0].tolist())) > 1
+    pixels = obs["rgb"].permute(0, 2, 3, 1).reshape(-1, 3)
+    for color in (OBS_GOAL_REGION_COLOR, OBS_GOAL_CENTRE_COLOR):  # the goal is not drawn: words only
+        rgb = torch.tensor([round(255 * c) for c in color], dtype=torch.uint8)
+        assert not (pixels == rgb).all(-1).any()
+
+
+def test_gymnasium_text_observations_pass_through_as_tokens():
+    env = make_env("tests.instructed_envs:PointReachText-v0", num_envs=8, seed=0)
+    assert env.single_observation_space["instruction"]["input_ids"].shape == (16,)
+    obs, _ = env.reset(seed=0)
+    texts = decode_instructions(obs["instruction"])
+    assert set(texts) <= set(TARGETS) and len(set(texts)) > 1
+    assert obs["position"].dtype == torch.float32
+    seen = set()
+    for _ in range(25):  # every episode ends by step 20: the instructions are drawn again
+        obs, _, _, _, info = env.step(torch.zeros(8, 2))
+        seen |= set(decode_instructions(obs["instruction"]))
+        assert decode_instructions(info["final_obs"]["instruction"])  # the final obs carries its words too
+    assert seen == set(TARGETS)
+
+
+# ---- the scripted expert --------------------------------------------------------------------------------------
+def _expert_success(env, steps: int, goal_xy=None) -> tuple[float, dict[str, float], int]:
+    env.reset(seed=5)
+    names = env.metadata.get("task_names", ())
+    ok, n = torch.zeros(len(names) or 1), torch.zeros(len(names) or 1)
+    for _ in range(steps):
+        goal = None if goal_xy is None else goal_xy(env)
+        _, _, _, _, info = env.step(expert_action(env, goal))
+        ended, ep = info["_episode"], info["episode"]
+        task = ep["task_id"][ended] if names else torch.zeros(int(ended.sum()), dtype=torch.long)
+        ok.index_add_(0, task, ep["success"][ended])
+        n.index_add_(0, task, torch.ones(len(task)))
+    return float(ok.sum() / n.sum()), {name: float(ok[i] / n[i]) for i, name in enumerate(names)}, int(n.sum())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"action_mode": "ee_delta_pos"}, {"action_mode": "joint_pos"}, {"obs_mode": "rgb", "image_size": 48}],
+)
+def test_scripted_expert_solves_every_task(kwargs):
+    env = make_env("PushCubeLangRL", num_envs=64, seed=0, **kwargs)
+    overall, per_task, episodes = _expert_success(env, 80)
+    assert episodes >= 200
+    assert overall >= 0.95 and min(per_task.values()) >= 0.95, per_task
+
+
+def test_a_policy_deaf_to_the_instruction_stays_at_chance():
+    """The expert pushing every cube the same way (as if always told "forward") solves that task and no other, so
+    success is the share of that task, 1/4: the tasks need different behaviour from the same starts."""
+    env = make_env("PushCubeLangRL", num_envs=64, seed=0)
+    forward = torch.tensor([math.cos(TASKS["forward"][0]), math.sin(TASKS["forward"][0])])
+
+    def always_forward(env):
+        raw = env.unwrapped
+        start = raw.goal_xy - raw.goal_distance * raw.goal_direction()  # where the cube started
+        return start + raw.goal_distance * forward
+
+    overall, per_task, episodes = _expert_success(env, 200, always_forward)
+    assert episodes >= 200
+    assert per_task["forward"] >= 0.95 and max(per_task[t] for t in ("left", "back", "right")) <= 0.05, per_task
+    assert 0.15 <= overall <= 0.35
+
+
+# ---- action chunks --------------------------------------------------------------------------------------------
+def test_chunks_cross_a_termination_and_a_truncation_step_by_step():
+    """Chunks of 4 with gamma 0.5 on envs whose k-th step in an episode earns k: env 0 terminates at its 2nd step,
+    env 1 is truncated at its 6th, env 2 terminates exactly at the chunk's end (its 4th step)."""
+    raw = counting_env(terminate_at=[2, 0, 4], max_steps=6)
+    env = ActionChunks(raw, 4, gamma=0.5)
+    assert env.single_action_space.shape == (4, 1)
+    obs, _ = env.reset()
+    first = torch.tensor([[[10.0], [11.0], [12.0], [13.0]]]).expand(3, 4, 1)
+    obs, reward, terminated, truncated, info = env.step(first)
+    assert torch.allclose(reward, torch.tensor([1 + 0.5 * 2, 1 + 0.5 * 2 + 0.25 * 3 + 0.125 * 4, 3.25]))
+    assert torch.allclose(info["discount"], torch.tensor([0.25, 0.0625, 0.0625]))  # gamma^(steps executed)
+    assert terminated.tolist() == [True, False, True] and truncated.tolist() == [False, False, False]
+    assert info["final_obs"][0].tolist() == [2.0, 0.0] and info["final_obs"][2].tolist() == [4.0, 0.0]
+    assert info["_episode"].tolist() == [True, False, True]
+    assert info["episode"]["r"][0] == 3 and info["episode"]["l"][0] == 2  # undiscounted, steps 1 and 2 only
+    assert torch.allclose(info["rewards"]["count"], reward)  # the terms still add up to the reward
+    # env 0's episode ended after two actions: the other two went to a throwaway continuation (episode 1, which
+    # ended too, at its own 2nd step), and the next decision starts a fresh episode 3 from a partial reset; env 2
+    # ended at the chunk's end and simply goes on with episode 1.
+    assert raw.env.received[0] == [(0, 10.0), (0, 11.0), (1, 12.0), (1, 13.0)]
+    assert obs.tolist() == [[0.0, 3.0], [4.0, 0.0], [0.0, 1.0]]
+
+    second = torch.tensor([[[20.0], [21.0], [22.0], [23.0]]]).expand(3, 4, 1)
+    obs, reward, terminated, truncated, info = env.step(second)
+    assert torch.allclose(reward, torch.tensor([1 + 0.5 * 2, 5 + 0.5 * 6, 3.25]))
+    assert truncated.tolist() == [False, True, False] and terminated.tolist() == [True, False, True]
+    assert info["final_obs"][1].tolist() == [6.0, 0.0] and torch.allclose(info["discount"][1], torch.tensor(0.25))
+    assert info["episode"]["r"].tolist()[:2] == [3.0, 21.0] and info["episode"]["l"].tolist()[:2] == [2, 6]
+    assert [a for e, a in raw.env.received[0] if e == 3] == [20.0, 21.0]  # the new episode got its own actions only
+    assert all(e < 3 for e, a in raw.env.received[0] if a < 20)
+
+
+def test_gae_per_decision_matches_hand_computation():
+    """Two decisions of env 1 above: rewards 3.25 then 8 (truncated, bootstrap V(final obs) = 5 with gamma^2)."""
+    rewards, values = torch.tensor([[3.25], [8.0]]), torch.tensor([[1.0], [2.0]])
+    next_values = torch.tensor([[2.0], [5.0]])
+    terminated, dones = torch.tensor([[False], [False]]), torch.tensor([[False], [True]])
+    discounts = torch.tensor([[0.0625], [0.25]])
+    for script in (ppo_continuous, ppo_ddp, ppo_async):
+        adv, ret = script.compute_gae(rewards, values, next_values, terminated, dones, discounts, 0.9)
+        a1 = 8 + 0.25 * 5 - 2
+        a0 = 3.25 + 0.0625 * 2 - 1 + 0.0625 * 0.9 * a1
+        assert torch.allclose(adv.flatten(), torch.tensor([a0, a1])) and torch.allclose(ret, adv + values)
+    returns = grpo.returns_to_go(rewards, torch.tensor([[False], [True]]), discounts)
+    assert torch.allclose(returns.flatten(), torch.tensor([3.25 + 0.0625 * 8, 8.0]))
+
+
+# ---- heads ----------------------------------------------------------------------------------------------------
+def test_bins_decode_to_centres_inside_the_bounds():
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 10.0])
+    index = torch.tensor([[0.0, 0.0], [255.0, 255.0], [127.0, 128.0]])
+    values = decode_bins(index, low, high, 256)
+    assert (values > low).all() and (values < high).all()
+    assert torch.allclose(values[0], low + (high - low) / 512) and torch.allclose(values[1], high - (high - low) / 512)
+    logits = torch.randn(5, 4, 3, 7)
+    dist = Bins(logits)
+    assert torch.equal(dist.mode, logits.argmax(-1).float())
+    draws = sample(dist, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, sample(dist, torch.Generator().manual_seed(0)))  # the generator's stream
+    assert ((draws >= 0) & (draws < 7)).all() and torch.equal(draws, draws.round())
+    expected = torch.log_softmax(logits, -1).gather(-1, draws.long().unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(dist.log_prob(draws), expected)
+    with pytest.raises(NotImplementedError):
+        dist.mean  # noqa: B018 - a categorical has no meaningful mean: evaluation uses the mode
+
+
+def _args(script: str, env_id: str, tmp_path: Path, **kw):
+    common = dict(
+        env_id=env_id, seed=1, num_envs=8, total_timesteps=8 * 4 * 2, eval_freq=0, save_freq=0, num_eval_envs=2,
+        num_eval_episodes=2, output_dir=str(tmp_path), hidden_sizes=(16,), cuda=False,
+    )  # fmt: skip
+    if script == "grpo":
+        common.update(group_size=4, num_steps=4, num_minibatches=2, total_timesteps=8 * 4 * 2)
+    else:
+        common.update(num_steps=4, num_minibatches=2)
+    if env_id == "Pendulum-v1":
+        common["action_bins"] = 16
+    common.update(kw)
+    return SCRIPTS[script].Args(**common)
+
+
+def _train(script: str, args) -> dict:
+    SCRIPTS[script].main(args)
+    (run,) = [p for p in Path(args.output_dir).iterdir() if p.is_dir()]
+    return json.loads((run / "summary.json").read_text()) | {"run_dir": str(run)}
+
+
+HEADS = {"gaussian": {}, "bins": {"action_head": "bins"}, "chunk": {"action_chunk": 4}}
+
+
+@pytest.mark.parametrize("env_id", ["PushCubeLangRL", "tests.envs_for_tests:PointReach-v0"])
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_every_trainer_trains_every_head_and_the_first_minibatch_has_ratio_one(script, head, env_id, tmp_path):
+    """One iteration, one epoch, one minibatch (the whole rollout): the update's first (and only) minibatch sees
+    the behaviour policy itself, so ratio = 1 for every sample, whatever the head."""
+    kw = dict(
+        HEADS[head], update_epochs=1, num_minibatches=1, total_timesteps=8 * 4 * HEADS[head].get("action_chunk", 1)
+    )
+    summary = _train(script, _args(script, env_id, tmp_path, **kw))
+    assert summary["global_step"] == 8 * 4 * HEADS[head].get("action_chunk", 1)
+    train = summary["train"]
+    assert abs(train["losses/approx_kl"]) < 1e-6 and train["losses/clipfrac"] == 0.0, train
+    assert abs(train["losses/old_approx_kl"]) < 1e-5
+    assert summary["eval"]["episodic_return"] is not None
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_micro_batches_give_the_unsplit_update(script, tmp_path):
+    """fp32: minibatches of 16 in pieces of 5 (5 + 5 + 5 + 1) take the same optimizer steps as in one piece (and
+    another learning rate gives other weights: the updates do move them)."""
+    models = []
+    for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+        args = _args(script, "PushCubeLangRL", tmp_path / name, update_epochs=2, target_kl=None, **kw)
+        summary = _train(script, args)
+        assert summary["train"]["charts/skipped_updates"] == 0
+        models.append(torch.load(Path(summary["checkpoint"]), weights_only=True)["model"])
+    whole, pieces, other = models
+    for key, value in whole.items():
+        assert torch.allclose(value.float(), pieces[key].float(), atol=1e-6, rtol=1e-5), key
+    assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_bf16_autocast_trains_and_is_recorded(script, tmp_path):
+    summary = _train(script, _args(script, "PushCubeLangRL", tmp_path, autocast="bf16", micro_batch_size=7))
+    assert summary["args"]["autocast"] == "bf16" and summary["args"]["micro_batch_size"] == 7
+    assert np.isfinite(summary["train"]["losses/policy_loss"])
+    model = torch.load(Path(summary["checkpoint"]), weights_only=True)["model"]
+    assert all(v.dtype in (torch.float32, torch.float64, torch.int64) for v in model.values())  # fp32 weights
+
+
+# ---- per-task success and GRPO's group filter ---------------------------------------------------------------------
+def test_success_is_logged_per_task_in_training_and_evaluation(tmp_path):
+    summary = _train("ppo_continuous", _args("ppo_continuous", "PushCubeLangRL", tmp_path, num_steps=50,
+                                             total_timesteps=8 * 50, num_eval_envs=8, num_eval_episodes=8))  # fmt: skip
+    names = [f"success_rate/{t}" for t in ("forward", "left", "back", "right")]
+    assert any(f"charts/{n}" in summary["train"] for n in names)
+    assert all(n in summary["eval"] for n in names)
+
+
+def test_informative_groups_are_those_whose_returns_differ():
+    advantages = torch.zeros(3, 8)
+    advantages[1, 5] = 0.3  # group 1 (envs 4..7) has a signal at one time step
+    kept = grpo.informative_groups(advantages, 4)
+    assert kept.tolist() == [False] * 4 + [True] * 4
+
+
+def test_grpo_filter_groups_logs_the_kept_fraction(tmp_path):
+    sparse = json.dumps({"reward_weights": {"reach": 0, "place": 0, "time": 0, "success": 1}})
+    args = _args("grpo", "PushCubeLangRL", tmp_path, filter_groups=True, env_kwargs=sparse, eval_env_kwargs=sparse)
+    summary = _train("grpo", args)
+    # 0/1 success rewards of an untrained policy: every group's members tie (all failures), none is kept
+    assert summary["train"]["grpo/kept_group_frac"] == 0.0
+    assert "losses/policy_loss" not in summary["train"]  # nothing to learn from: no update was made
