@@ -456,8 +456,7 @@ def _raw_vector_env(env_id: str, num_envs: int):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    from cleanrl_embodied.shared.envs import _offers_rgb_array
-    from cleanrl_embodied.shared.envs.wrappers import SafeRender
+    from cleanrl_embodied.shared.envs.wrappers import SafeRender, _offers_rgb_array
 
     kwargs = {"render_mode": "rgb_array"} if _offers_rgb_array(env_id) else {}
     return gym.make_vec(

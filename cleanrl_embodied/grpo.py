@@ -16,7 +16,7 @@ episode ended, `charts/episodic_return` / `_length` the means over the first epi
 
 Read top to bottom: `Args`, the `Actor`, four pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
 `grpo_loss`) that torch.compile can wrap unchanged, then `main`. Flag checks, checkpoint loading, evaluation and
-Ctrl-C are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
+Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
 """
 
 from __future__ import annotations
@@ -456,7 +456,7 @@ def main(args: Args) -> dict:
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
+    with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
@@ -596,7 +596,7 @@ def main(args: Args) -> dict:
     envs.close()
     eval_envs.close()
     if stop.requested:
-        sys.exit(130)
+        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
 
 

@@ -18,7 +18,7 @@ What keeps it correct:
   correct importance-sampled PPO step. Values are recomputed by the learner's current critic.
 - All counters (global_step, episodes, versions) change in the learner only, after the update they count;
   logging, evaluation and checkpoints happen there, with the collector paused at a rollout boundary, so a
-  checkpoint always holds both sides at one consistent point. Ctrl-C stops both threads and writes last.pt
+  checkpoint always holds both sides at one consistent point. Ctrl-C or SIGTERM stops both threads and writes last.pt
   and summary.json; an exception on either side stops both and writes summary.json, but never overwrites
   the last consistent last.pt with a state that could not be resumed exactly.
 - Each side has its own random stream (the collector a torch.Generator, the learner the global one), so a
@@ -626,7 +626,7 @@ def main(args: Args) -> dict:
     start_time, start_step = time.time(), global_step
     collector.thread.start()
     try:
-        with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
+        with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
             while consumed < num_iterations:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - consumed / num_iterations)
@@ -770,7 +770,7 @@ def main(args: Args) -> dict:
         envs.close()
         eval_envs.close()
     if stop.requested:
-        sys.exit(130)
+        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "timeline": timeline}
 
 

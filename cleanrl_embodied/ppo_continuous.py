@@ -9,7 +9,7 @@ Read top to bottom: `Args`; the `Agent` (with its observation normalizer); three
 (`policy_step`, `compute_gae`, `ppo_loss`) that torch.compile can wrap unchanged; then `main` with the
 training loop. Environments come from `cleanrl_embodied.shared`: torch tensors on the device, Gymnasium's
 SAME_STEP autoreset with `info["final_obs"]`, on-device episode statistics. Flag checks, checkpoint
-loading, the evaluation loop and Ctrl-C handling are shared plumbing (`cleanrl_embodied.shared`); the
+loading, the evaluation loop and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the
 algorithm and what a checkpoint holds are all here. Copy this file and edit it.
 """
 
@@ -445,7 +445,7 @@ def main(args: Args) -> dict:
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with StopFlag(logger.write) as stop:  # Ctrl-C: finish this iteration, save, write the summary
+    with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
@@ -566,7 +566,7 @@ def main(args: Args) -> dict:
     envs.close()
     eval_envs.close()
     if stop.requested:
-        sys.exit(130)
+        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step}
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -535,12 +534,13 @@ def train(
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
-    next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, False
+    next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, 0
     start_time, start_step = time.time(), global_step
-    # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration. Repeats are absorbed:
-    # torchrun re-sends the signal to its workers; its grace period (30 s, then SIGKILL) is the hard stop.
+    # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration (agreed through the
+    # iteration's all-reduce; rank 0 alone writes). Repeats are absorbed: torchrun re-sends the signal to its
+    # workers; its grace period (30 s, then SIGKILL) is the hard stop.
     say = logger.write if rank == 0 else lambda _: None
-    with StopFlag(say, signals=(signal.SIGINT, signal.SIGTERM), absorb_repeats=True) as stop:
+    with StopFlag(say, absorb_repeats=True) as stop:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
@@ -630,9 +630,11 @@ def train(
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
             losses = torch.stack(update_stats).mean(0) if update_stats else TensorDict()
-            summed = torch.stack([*losses.values(), explained_var, torch.tensor(float(stop.requested), device=device)])
+            summed = torch.cat(
+                [torch.stack([*losses.values(), explained_var]), torch.tensor(stop.votes(), device=device)]
+            )
             dist.all_reduce(summed)
-            stopped = bool(summed[-1] > 0)
+            stopped = stop.agree(summed[-2:])  # the same on every rank: 0, or the exit status (130 / 143)
             eval_due = args.eval_freq and iteration >= next_eval and iteration < num_iterations
             save_due = args.save_freq and iteration >= next_save
             pieces = gather_rank_states() if eval_due or save_due else None
@@ -645,7 +647,7 @@ def train(
                 scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
                 scalars.update(
                     {
-                        "losses/explained_variance": summed[-2] / world_size,
+                        "losses/explained_variance": summed[-3] / world_size,
                         "charts/SPS": sps,
                         "charts/learning_rate": optimizer.param_groups[0]["lr"],
                         "charts/skipped_updates": guard.skipped,
@@ -689,7 +691,7 @@ def train(
         )
         eval_envs.close()
     if stopped:
-        sys.exit(130)
+        sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
     return {
         "run_dir": str(logger.run_dir) if rank == 0 else None,
         "eval": eval_result,

@@ -3,6 +3,8 @@
 
 - ``sigint_actor``: the built-in Actor that sends SIGINT to its own process at its ``at_call``-th rollout step
   (a no-grad call on a batch of ``num_envs`` observations), like a user pressing Ctrl-C mid-iteration.
+- ``slow_actor``: the built-in Actor that sleeps ``rollout_ms`` at every rollout step (a no-grad call on a batch of
+  ``num_envs`` observations): a run that lasts long enough in wall time to be stopped from outside.
 - ``nan_actor``: the built-in Actor whose ``at_calls``-th training forwards (grad enabled) give NaN action
   means, so those minibatches have a NaN loss and are skipped.
 - ``GRPOSuccessToy-v0``: episodes of up to 10 steps; an action > 0 at the 2nd step ends the episode with
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -39,6 +42,20 @@ def sigint_actor(obs_space, act_space, args, at_call: int) -> grpo.Actor:
     actor = _actor(obs_space, act_space, args)
     actor.__class__ = SigintActor
     actor.calls, actor.at_call, actor.num_envs = 0, at_call, args.num_envs
+    return actor
+
+
+class SlowActor(grpo.Actor):
+    def dist(self, obs):
+        if not torch.is_grad_enabled() and obs.shape[0] == self.num_envs:
+            time.sleep(self.rollout_ms / 1000)
+        return super().dist(obs)
+
+
+def slow_actor(obs_space, act_space, args, rollout_ms: float) -> grpo.Actor:
+    actor = _actor(obs_space, act_space, args)
+    actor.__class__ = SlowActor
+    actor.rollout_ms, actor.num_envs = rollout_ms, args.num_envs
     return actor
 
 

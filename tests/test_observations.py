@@ -180,12 +180,14 @@ def test_grpo_builtin_actor_refuses_image_observations_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("module", [ppo, ppo_async, grpo])
 def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line(tmp_path, module):
-    """An obs_mode given in --env-kwargs only would build the policy for the eval envs' flat observations and
-    crash in the first rollout: it is refused before training starts, naming both flags."""
+    """The eval envs inherit obs_mode from --env-kwargs; one that --eval-env-kwargs changes would build the policy
+    for the eval envs' observations and crash in the first rollout: it is refused before training starts, naming
+    both flags."""
     extra = {"group_size": 2} if module is grpo else {}
     args = module.Args(
         env_id="PushCubeRL",
         env_kwargs='{"obs_mode": "rgb", "image_size": 36}',
+        eval_env_kwargs='{"obs_mode": "state"}',
         num_envs=2,
         num_eval_envs=2,
         num_eval_episodes=2,

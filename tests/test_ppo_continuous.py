@@ -287,18 +287,18 @@ def test_default_ppo_learns_to_push_the_cube(tmp_path):
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
 
 
-def test_env_kwargs_reach_train_envs_and_eval_envs_stay_unrandomized(tmp_path):
+def test_env_kwargs_reach_train_envs_and_eval_envs_inherit_them_with_overrides(tmp_path):
     envs_for_tests.CONSTRUCTED.clear()
     ppo.main(
         tiny_args(
             tmp_path,
             env_id=TEST_ENV,
-            env_kwargs='{"record": true, "terminate_at_step": 7}',
-            eval_env_kwargs='{"record": true}',
+            env_kwargs='{"record": true, "terminate_at_step": 7, "success_radius": 0.05}',
+            eval_env_kwargs='{"success_radius": 0.2}',
         )
     )
-    made = [c["terminate_at_step"] for c in envs_for_tests.CONSTRUCTED]
-    assert sorted(made, key=str) == [7] * 8 + [None] * 4  # 8 training envs got it, the 4 eval envs did not
+    made = sorted((c["terminate_at_step"], c["success_radius"]) for c in envs_for_tests.CONSTRUCTED)
+    assert made == [(7, 0.05)] * 8 + [(7, 0.2)] * 4  # 8 training envs; the 4 eval envs inherit, with the override
 
 
 def test_resume_refuses_another_env_layout_and_unreadable_files(tmp_path):

@@ -16,10 +16,20 @@ from typing import Any, Literal
 
 import torch
 
-from cleanrl_embodied.shared.envs import check_env_id, make_env
+from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS, check_env_id, make_env
 from cleanrl_embodied.shared.envs.chunks import ActionChunks
 
-__all__ = ["RunArgs", "UsageError", "build_env", "build_policy", "check_args", "fail", "flag", "load_factory"]
+__all__ = [
+    "RunArgs",
+    "UsageError",
+    "build_env",
+    "build_policy",
+    "check_args",
+    "env_kwargs_for",
+    "fail",
+    "flag",
+    "load_factory",
+]
 
 
 @dataclass
@@ -51,7 +61,9 @@ class RunArgs:
     env_kwargs: str = "{}"
     """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
     eval_env_kwargs: str = "{}"
-    """JSON keyword arguments of the eval envs (no randomization unless given here)"""
+    """JSON keyword arguments of the eval envs, on top of --env-kwargs: the eval envs inherit it except the keys
+    that randomize or disturb the env (randomization ranges, noise, events: the list in docs/CLI.md), so only what
+    differs goes here, e.g. '{"camera": "perspective"}'"""
     env_vectorization: Literal["sync", "async", "envpool"] = "sync"
     """Gymnasium (numpy) ids: step sub-envs in this process (sync), one worker process each (async), or EnvPool's
     C++ thread pool (envpool: extra `envpool`, the ids it provides, e.g. HalfCheetah-v5)"""
@@ -155,21 +167,33 @@ def check_args(
             fail(str(e), show)
 
 
+def env_kwargs_for(args: Any, kwargs_flag: str) -> dict:
+    """The keyword arguments the envs of ``args.<kwargs_flag>`` are built with. The training envs
+    (``"env_kwargs"``): ``--env-kwargs``. The eval envs (``"eval_env_kwargs"``): ``--env-kwargs`` without the
+    keys that randomize or disturb the env (``RANDOMIZATION_KWARGS``: evaluation measures the nominal task), then
+    updated with ``--eval-env-kwargs``, which overrides or adds keys (a randomization key named there applies)."""
+    own = json.loads(getattr(args, kwargs_flag))
+    if kwargs_flag != "eval_env_kwargs":
+        return own
+    inherited = {k: v for k, v in json.loads(args.env_kwargs).items() if k not in RANDOMIZATION_KWARGS}
+    return {**inherited, **own}
+
+
 def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: torch.device, like=None):
-    """``make_env(args.env_id, ...)`` with the JSON env kwargs of ``args.<kwargs_flag>``; a bad keyword
-    argument becomes one line naming the flag that carried it. ``like``: envs (the eval envs) whose observation
-    and action spaces these must have, since one policy acts in both."""
+    """``make_env(args.env_id, ...)`` with the env kwargs of ``args.<kwargs_flag>`` (:func:`env_kwargs_for`: the
+    eval envs inherit the training envs' kwargs); a bad keyword argument becomes one line naming the flag(s) that
+    carried it. ``like``: envs (the eval envs) whose observation and action spaces these must have, since one
+    policy acts in both."""
+    kwargs = env_kwargs_for(args, kwargs_flag)
+    flags = flag(kwargs_flag)
+    if kwargs_flag == "eval_env_kwargs" and set(kwargs) - set(json.loads(args.eval_env_kwargs)):
+        flags = "--env-kwargs (inherited by the eval envs) / --eval-env-kwargs"
     try:
         envs = make_env(
-            args.env_id,
-            num_envs=num_envs,
-            device=device,
-            seed=seed,
-            vectorization=args.env_vectorization,
-            **json.loads(getattr(args, kwargs_flag)),
+            args.env_id, num_envs=num_envs, device=device, seed=seed, vectorization=args.env_vectorization, **kwargs
         )
     except (TypeError, ValueError) as e:
-        fail(f"{flag(kwargs_flag)} / --env-id {args.env_id}: {e}")
+        fail(f"{flags} / --env-id {args.env_id}: {e}")
     if getattr(args, "action_chunk", 1) > 1:  # a step becomes a decision of --action-chunk actions
         try:
             envs = ActionChunks(envs, args.action_chunk, args.gamma)
@@ -179,8 +203,9 @@ def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: tor
         if getattr(envs, name) != getattr(like, name):
             fail(
                 f"{flag(kwargs_flag)} and --eval-env-kwargs give envs of different {name.split('_')[1]} spaces "
-                f"({getattr(envs, name)} vs {getattr(like, name)}): options that change them (e.g. obs_mode, "
-                f"image_size, action_mode) must be given in both"
+                f"({getattr(envs, name)} vs {getattr(like, name)}): one policy acts in both, and the eval envs "
+                f"inherit --env-kwargs, so leave options that change them (e.g. obs_mode, image_size, action_mode) "
+                f"out of --eval-env-kwargs"
             )
     return envs
 

@@ -1,25 +1,25 @@
-"""Environments behind one torch vector-env contract: ``make_env``, ``check_env_id``, ``BUILTIN_ENV_IDS``.
+"""Environments behind one torch vector-env contract: ``make_env``, ``check_env_id``, ``BUILTIN_ENVS``.
 
-``make_env(env_id, num_envs, device, seed, **env_kwargs)`` returns a ``gymnasium.vector.VectorEnv`` whose
-data are torch tensors on ``device`` (docs/ENV_CONTRACT.md):
+``make_env(env_id, num_envs, device, seed, **env_kwargs)`` returns a ``gymnasium.vector.VectorEnv`` whose data
+are torch tensors on ``device`` (docs/ENV_CONTRACT.md). It is the one place that decides which backend serves an
+id (its docstring has the table); each backend lives in its own file:
 
-- ``"PushCubeRL"``: the built-in batched torch task, registered with Gymnasium on import, so
-  ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too.
-- ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): see :mod:`.maniskill`.
-- any other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
-  sub-envs (SAME_STEP autoreset, ``vectorization="sync"`` or ``"async"``, ``render_mode="rgb_array"`` where
-  the env has it) -> :func:`numpy_vector_to_torch` (:class:`GymnasiumToTorch`: actions rescaled from [-1, 1]
-  and clipped, torch outputs, episode statistics; :class:`FlattenDictObservation` for Dict observations).
+- built-in batched torch tasks (``BUILTIN_ENVS``: PushCubeRL), registered with Gymnasium on import, so
+  ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too: :mod:`.push_cube`;
+- ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): :mod:`.maniskill`;
+- Gymnasium ids with ``vectorization="envpool"`` (extra ``envpool``): :mod:`.envpool_backend`;
+- every other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
+  sub-envs -> :func:`~.wrappers.make_gymnasium_env` in :mod:`.wrappers`;
 - ``"module:EnvId"`` (Gymnasium's own form, as in ``gymnasium.make``): ``module`` is imported first, so that a
   package that registers its ids on import (gymnasium-robotics, a lab's task package, a ``.py`` file in the
-  current directory) works from the command line; then ``EnvId`` is treated as above (:func:`resolve_env_id`).
-- ``vectorization="envpool"`` (extra ``envpool``): the ids EnvPool provides run in its C++ thread pool, converted
-  to the same contract (SAME_STEP, Gymnasium's time-limit semantics): :mod:`.envpool_backend`.
+  current directory) works from the command line; then ``EnvId`` is served as above (:func:`resolve_env_id`).
+
+``RANDOMIZATION_KWARGS`` names the env kwargs that randomize or disturb an env; the eval envs do not inherit them
+from ``--env-kwargs`` (``shared/cli.py``: ``env_kwargs_for``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -30,42 +30,66 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.envs.registration import load_env_creator
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import VectorEnv
 
-from cleanrl_embodied.shared.envs.maniskill import is_maniskill_id
+from cleanrl_embodied.shared.envs import envpool_backend, maniskill  # neither imports its package yet
 from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
     FlattenDictObservation,
     IntervalRandomization,
-    SafeRender,
     flattens,
-    numpy_vector_to_torch,
+    make_gymnasium_env,
 )
 
-__all__ = ["BUILTIN_ENV_IDS", "check_env_id", "env_state_dict", "load_env_state_dict", "make_env", "resolve_env_id"]
+__all__ = [
+    "BUILTIN_ENVS",
+    "BUILTIN_ENV_IDS",
+    "RANDOMIZATION_KWARGS",
+    "check_env_id",
+    "env_state_dict",
+    "load_env_state_dict",
+    "make_env",
+    "resolve_env_id",
+]
 
-BUILTIN_ENV_IDS = ("PushCubeRL", "PushCubeLangRL")
+# The built-in tasks: id -> the ``module:callable`` that builds the batched torch VecEnv (called with num_envs,
+# device, seed and the env kwargs). Adding a built-in id is one line here: it is registered with Gymnasium below
+# and served by make_env's first branch.
+BUILTIN_ENVS = {
+    "PushCubeRL": "cleanrl_embodied.shared.envs.push_cube:PushCubeRLVecEnv",
+    "PushCubeLangRL": "cleanrl_embodied.shared.envs.push_cube:PushCubeLangRLVecEnv",
+}
+BUILTIN_ENV_IDS = tuple(BUILTIN_ENVS)
+
+# Env kwargs that randomize or disturb an env (domain randomization ranges, noise, events): the eval envs do not
+# inherit them from --env-kwargs, so evaluation measures the nominal task unless --eval-env-kwargs names them.
+# PushCubeRL's (docs/ENV_CONTRACT.md) and make_env's own ``randomize_interval``; other envs' kwargs are inherited.
+RANDOMIZATION_KWARGS = (
+    "randomize",
+    "randomize_every",
+    "randomize_at",
+    "randomize_interval",
+    "cube_half_size_range",
+    "push_friction_range",
+    "obs_noise_std",
+    "action_noise_std",
+    "event_cube_shift_std",
+)
 
 
-def _make_push_cube_vec(
-    num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None, **kwargs
-) -> VectorEnv:
-    """Gymnasium ``vector_entry_point`` of PushCubeRL: the raw torch task plus episode statistics."""
-    from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv  # lazy: torch task, heavier import
+def _builtin_vector_entry_point(entry_point: str):
+    """The Gymnasium ``vector_entry_point`` of a built-in id: the task (imported at the first call) plus
+    episode statistics."""
 
-    return EpisodeStatistics(PushCubeRLVecEnv(num_envs=num_envs, device=device, seed=seed, **kwargs))
+    def make_vec(num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None, **kwargs):
+        return EpisodeStatistics(load_env_creator(entry_point)(num_envs=num_envs, device=device, seed=seed, **kwargs))
 
-
-def _make_push_cube_lang_vec(num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None, **kwargs):
-    """PushCubeLangRL: PushCubeRL with its four language-conditioned tasks (``tasks``, see push_cube.TASKS)."""
-    from cleanrl_embodied.shared.envs.push_cube import LANG_TASKS
-
-    return _make_push_cube_vec(num_envs, device, seed, **{"tasks": LANG_TASKS, **kwargs})
+    return make_vec
 
 
-for _id, _entry in (("PushCubeRL", _make_push_cube_vec), ("PushCubeLangRL", _make_push_cube_lang_vec)):
+for _id, _entry_point in BUILTIN_ENVS.items():
     if _id not in gym.registry:  # importing this module twice (or reloading it) must not re-register
-        gym.register(id=_id, vector_entry_point=_entry)
+        gym.register(id=_id, vector_entry_point=_builtin_vector_entry_point(_entry_point))
 
 
 def _import_env_module(env_id: str, module: str) -> None:
@@ -124,7 +148,7 @@ def check_env_id(env_id: str) -> str:
     neither built in, nor a registered Gymnasium id, nor a ManiSkill id. ManiSkill is looked up (imported, seconds;
     only when installed) only for an id Gymnasium doesn't know, even after importing the ``module:`` part."""
     name = resolve_env_id(env_id)
-    if name in BUILTIN_ENV_IDS or name in gym.registry or is_maniskill_id(name):
+    if name in BUILTIN_ENV_IDS or name in gym.registry or maniskill.is_maniskill_id(name):
         return name
     close = difflib.get_close_matches(name, [*BUILTIN_ENV_IDS, *gym.registry], n=3, cutoff=0.75)
     if name != env_id:
@@ -150,50 +174,58 @@ def make_env(
     flatten_obs: bool | None = None,
     **env_kwargs,
 ) -> VectorEnv:
-    """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``.
+    """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``. The one place that
+    decides which backend serves an id, in this order:
+
+    =======================================  ====================================================  ==================
+    ``env_id`` (after ``module:`` import)    backend                                               file
+    =======================================  ====================================================  ==================
+    a built-in id (``BUILTIN_ENVS``)         the batched torch task, through ``gym.make_vec``      push_cube.py
+    a ManiSkill id (e.g. PushCube-v1)        ManiSkill's GPU or CPU simulation                     maniskill.py
+    Gymnasium id, ``vectorization=envpool``  EnvPool's C++ thread pool                             envpool_backend.py
+    any other registered Gymnasium id        numpy sub-envs (sync / async) -> GymnasiumToTorch     wrappers.py
+    =======================================  ====================================================  ==================
+
+    ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``); an id none
+    of these knows is one ValueError line (:func:`check_env_id`).
 
     ``seed`` seeds the first ``reset()`` called with ``seed=None``. ``env_kwargs`` go to the env constructor;
     ``vectorization="async"`` steps Gymnasium and CPU ManiSkill sub-envs in worker processes
     (``AsyncVectorEnv``; default ``"sync"``; natively batched envs ignore it); ``vectorization="envpool"`` runs
-    a Gymnasium id through EnvPool's C++ thread pool instead (extra ``envpool``; ids EnvPool provides, e.g. the
-    MuJoCo ones; :mod:`.envpool_backend`); for Gymnasium ids
-    ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo
-    builds its renderer only at the first ``render()``, so this costs nothing until a video is asked for);
-    ``randomize_interval=K`` resamples the env's randomized parameters every K steps (IntervalRandomization).
-    ``info_keys``: info entries of Gymnasium sub-envs to pass on besides ``rewards`` and ``metrics`` (a list of
-    names, or ``"all"``; see GymnasiumToTorch; EnvPool ids alike; PushCubeRL and ManiSkill pass all theirs).
-    ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``).
+    a Gymnasium id through EnvPool instead (extra ``envpool``; the ids EnvPool provides, e.g. the MuJoCo ones).
+    For Gymnasium ids ``render_mode`` defaults to ``"rgb_array"`` where the env offers it (MuJoCo builds its
+    renderer only at the first ``render()``, so this costs nothing until a video is asked for).
+    Two kwargs are make_env's own, for every backend: ``randomize_interval=K`` resamples the env's randomized
+    parameters every K steps (IntervalRandomization); ``info_keys``: info entries of Gymnasium sub-envs to pass
+    on besides ``rewards`` and ``metrics`` (a list of names, or ``"all"``; see GymnasiumToTorch; EnvPool ids
+    alike; the built-in tasks and ManiSkill pass all theirs).
     ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
     (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
     (a uint8 ``[3, H, W]`` leaf): state stays a vector, pixels stay pixels.
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
     """
-    env_id = check_env_id(env_id)
+    env_id = check_env_id(env_id)  # "module:EnvId" -> "EnvId", the module imported
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)
     if vectorization not in ("sync", "async", "envpool"):
         raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
-
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium and EnvPool ids; the other backends pass all entries
-    if vectorization == "envpool" and env_id not in BUILTIN_ENV_IDS and not is_maniskill_id(env_id):
-        from cleanrl_embodied.shared.envs.envpool_backend import make_envpool_env  # lazy: optional extra
 
-        env = make_envpool_env(env_id, num_envs, device, seed, info_keys=info_keys, **env_kwargs)
-    elif env_id in BUILTIN_ENV_IDS:
+    if env_id in BUILTIN_ENVS:
         env = gym.make_vec(env_id, num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten_obs):
             env = FlattenDictObservation(env)
-    elif is_maniskill_id(env_id):
-        from cleanrl_embodied.shared.envs.maniskill import make_maniskill_env
-
-        env = make_maniskill_env(
+    elif maniskill.is_maniskill_id(env_id):
+        env = maniskill.make_maniskill_env(
             env_id, num_envs, device, seed, vectorization=vectorization, flatten_obs=flatten_obs, **env_kwargs
         )
+    elif vectorization == "envpool":
+        env = envpool_backend.make_envpool_env(env_id, num_envs, device, seed, info_keys=info_keys, **env_kwargs)
     else:
-        env = _make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, info_keys, **env_kwargs)
+        env = make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, info_keys, **env_kwargs)
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env
@@ -227,46 +259,3 @@ def load_env_state_dict(env: VectorEnv, state: dict) -> None:
             if type(layer).__name__ not in state:
                 raise KeyError(f"env state has no entry for {type(layer).__name__} (it has {sorted(state)})")
             layer.load_state_dict(state[type(layer).__name__])
-
-
-def _offers_rgb_array(env_id: str) -> bool:
-    """Whether the env class behind a Gymnasium id lists "rgb_array" among its render modes."""
-    try:
-        entry_point = gym.spec(env_id).entry_point
-        creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
-        return "rgb_array" in (getattr(creator, "metadata", None) or {}).get("render_modes", ())
-    except Exception:  # a missing dependency is reported by make_vec itself, with its own message
-        return False
-
-
-def _make_gymnasium_env(
-    env_id: str,
-    num_envs: int,
-    device,
-    seed: int | None,
-    vectorization: str,
-    flatten_obs: bool | None,
-    info_keys=(),
-    **env_kwargs,
-) -> VectorEnv:
-    """A registered numpy Gymnasium id -> the torch env contract."""
-    if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
-        env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
-    try:
-        env = gym.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode=vectorization,
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            wrappers=[SafeRender],  # render() never raises, in async workers too
-            **env_kwargs,
-        )
-    except gym.error.DependencyNotInstalled as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(
-            f"--env-id {env_id!r} needs a package that is not installed ({reason}); "
-            "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`"
-        ) from None
-    if env_kwargs.get("max_episode_steps") and env.spec is not None:  # make_vec keeps the registered limit
-        env.spec = dataclasses.replace(env.spec, max_episode_steps=int(env_kwargs["max_episode_steps"]))
-    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs, info_keys=info_keys)

@@ -1235,6 +1235,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         """Nothing to release."""
 
 
+class PushCubeLangRLVecEnv(PushCubeRLVecEnv):
+    """PushCubeLangRL: PushCubeRL with its four language-conditioned tasks, ``LANG_TASKS`` (unless ``tasks`` says
+    otherwise); see ``PushCubeRLVecEnv``'s "Tasks"."""
+
+    def __init__(self, *args, tasks: Sequence[str] | None = LANG_TASKS, **kwargs):
+        super().__init__(*args, tasks=tasks, **kwargs)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 

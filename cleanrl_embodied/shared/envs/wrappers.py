@@ -1,5 +1,7 @@
-"""Torch vector-env wrappers that turn any env into the project's env contract.
+"""Torch vector-env wrappers that turn any env into the project's env contract, and the Gymnasium backend.
 
+- :func:`make_gymnasium_env`: ``make_env``'s backend for registered numpy Gymnasium ids (``gym.make_vec``
+  sub-envs, sync or async, then :func:`numpy_vector_to_torch`).
 - :func:`numpy_vector_to_torch`: a numpy Gymnasium vector env -> the full contract (:class:`GymnasiumToTorch`
   with actions rescaled and clipped and episode statistics, :class:`FlattenDictObservation` for Dict spaces).
 - :class:`GymnasiumToTorch`: a numpy Gymnasium vector env (SAME_STEP autoreset) -> torch tensors on a device,
@@ -16,6 +18,7 @@ See ``docs/ENV_CONTRACT.md`` and ``docs/INTERFACES.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -24,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from gymnasium.wrappers.utils import rescale_box
@@ -711,6 +715,51 @@ def numpy_vector_to_torch(
         env.close()
         raise
     return env
+
+
+def _offers_rgb_array(env_id: str) -> bool:
+    """Whether the env class behind a Gymnasium id lists "rgb_array" among its render modes."""
+    try:
+        entry_point = gym.spec(env_id).entry_point
+        creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+        return "rgb_array" in (getattr(creator, "metadata", None) or {}).get("render_modes", ())
+    except Exception:  # a missing dependency is reported by make_vec itself, with its own message
+        return False
+
+
+def make_gymnasium_env(
+    env_id: str,
+    num_envs: int,
+    device,
+    seed: int | None,
+    vectorization: str,
+    flatten_obs: bool | None,
+    info_keys=(),
+    **env_kwargs,
+) -> VectorEnv:
+    """``make_env``'s backend for a registered numpy Gymnasium id: ``num_envs`` sub-envs (SAME_STEP autoreset,
+    stepped in this process (``"sync"``) or one worker process each (``"async"``), ``render_mode="rgb_array"``
+    where the env has it) -> :func:`numpy_vector_to_torch`."""
+    if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
+        env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
+    try:
+        env = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode=vectorization,
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            wrappers=[SafeRender],  # render() never raises, in async workers too
+            **env_kwargs,
+        )
+    except gym.error.DependencyNotInstalled as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(
+            f"--env-id {env_id!r} needs a package that is not installed ({reason}); "
+            "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`"
+        ) from None
+    if env_kwargs.get("max_episode_steps") and env.spec is not None:  # make_vec keeps the registered limit
+        env.spec = dataclasses.replace(env.spec, max_episode_steps=int(env_kwargs["max_episode_steps"]))
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs, info_keys=info_keys)
 
 
 class IntervalRandomization(VectorWrapper):
