@@ -382,9 +382,7 @@ def timed_agent(obs_space, act_space, args):
         def forward(self, obs):
             return self._timed(super().forward, obs)
 
-    if agent_class.__name__ == "Agent":
-        return TimedAgent(obs_space, act_space, args)
-    return TimedAgent(obs_space.shape[0], act_space.shape[0], args.hidden_sizes, args.init_logstd)
+    return TimedAgent(obs_space, act_space, args)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from cleanrl_embodied import grpo
 
 
 def _actor(obs_space, act_space, args) -> grpo.Actor:
-    return grpo.Actor(obs_space.shape[0], act_space.shape[0], args.hidden_sizes, args.init_logstd)
+    return grpo.Actor(obs_space, act_space, args)
 
 
 class SigintActor(grpo.Actor):
@@ -95,3 +95,9 @@ class SuccessToy(gym.Env):
 
 if "GRPOSuccessToy-v0" not in gym.registry:
     gym.register("GRPOSuccessToy-v0", entry_point=SuccessToy, max_episode_steps=10)
+
+
+def tiny_actor() -> grpo.Actor:
+    """The built-in actor for 3 observation and 2 action entries, one hidden layer of 16, initial log-std -0.5."""
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    return grpo.Actor(obs_space, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), grpo.Args(hidden_sizes=(16,)))

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from grpo_test_helpers import tiny_actor
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
@@ -386,7 +387,7 @@ def test_compiled_functions_agree_with_eager():
     compiled = torch.compile(group_advantages)(returns, mask, 4, True, 1e-4)
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled[1]["mean_group_std"], eager[1]["mean_group_std"])
-    actor = grpo.Actor(3, 2, (16,), -0.5)
+    actor = tiny_actor()
     g = torch.Generator().manual_seed(0)
     mb = TensorDict(
         obs=torch.randn(40, 3, generator=g),

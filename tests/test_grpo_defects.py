@@ -9,6 +9,7 @@ from pathlib import Path
 import grpo_test_helpers  # noqa: F401 - registers GRPOSuccessToy-v0, provides the --policy factories
 import pytest
 import torch
+from grpo_test_helpers import tiny_actor
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
@@ -76,7 +77,7 @@ def test_kl_gradient_survives_a_policy_much_sharper_than_the_reference():
     """Defect 2. The reference gives the samples e^-30 of the policy's density (the policy is far sharper, which a
     7-D Gaussian reaches quickly). bf22c03 clamped (ref - new) to [-20, 20]: at -30 the clamp is flat, so the KL
     penalty had zero gradient exactly when it matters. Only the overflowing side (ref - new > 20) is clamped now."""
-    actor = grpo.Actor(3, 2, (16,), -0.5)
+    actor = tiny_actor()
     mb = minibatch(actor)
     mb["ref_logprob"] = mb["logprob"] - 30.0
     loss, grads = gradients(actor, mb, grpo.Args(kl_coef=1.0))
@@ -105,7 +106,7 @@ def test_a_tiny_gap_between_the_last_alive_members_stays_tiny():
 def test_dr_grpo_divides_the_loss_by_a_constant():
     """Defect 5. Dr. GRPO (--no-scale-adv) sums the per-sample losses of the alive samples and divides by the
     minibatch size, whatever number of them is alive. bf22c03 divided by the alive count (here 10 instead of 40)."""
-    actor = grpo.Actor(3, 2, (16,), -0.5)
+    actor = tiny_actor()
     mb = minibatch(actor)
     mb["advantages"] = torch.randn(40, generator=torch.Generator().manual_seed(1))
     mb["mask"][10:] = False
@@ -119,7 +120,7 @@ def test_a_masked_sample_with_an_overflowing_ratio_changes_nothing():
     """Defect 5 (masks). A masked-out sample whose ratio overflows (its logged log-prob is -1e4). bf22c03 masked by
     multiplication: 0 * inf = NaN made the whole minibatch's loss NaN. torch.where keeps loss and gradient finite
     and equal to those without that sample."""
-    actor = grpo.Actor(3, 2, (16,), -0.5)
+    actor = tiny_actor()
     mb = minibatch(actor)
     mb["advantages"] = torch.randn(40, generator=torch.Generator().manual_seed(2))
     args = grpo.Args(kl_coef=0.5, ent_coef=0.01)
