@@ -322,6 +322,20 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     return loss, stats
 
 
+def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
+    """PPO's loss on a piece of a minibatch, backpropagated scaled by `weight` (the piece's share of the minibatch,
+    so the pieces' gradients add up to the minibatch's) into the parameters' `.grad`; returns the piece's loss and
+    statistics, detached. (This and `clip_gradients` are what --compile compiles.)"""
+    loss, stats = ppo_loss(agent, piece, args)
+    (loss * weight).backward()
+    return loss.detach(), stats
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def scale_rewards(
     rewards: torch.Tensor,
     dones: torch.Tensor,

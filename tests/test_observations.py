@@ -169,13 +169,17 @@ def test_tensordict_observations_resume_bit_identically(tmp_path):
         assert torch.equal(a["model"][key], b["model"][key]), key
 
 
-def test_grpo_builtin_actor_refuses_image_observations_in_one_line(tmp_path):
+def test_grpo_builtin_actor_reads_image_observations(tmp_path):
+    """grpo.py's built-in actor puts images through the shared PixelEncoder (as the PPO agents do): a short run on
+    pixels trains, and its checkpoint holds the encoder."""
     args = grpo.Args(
-        env_id=PIXELS_ID, num_envs=4, group_size=2, output_dir=str(tmp_path), num_eval_envs=2, num_eval_episodes=2
-    )
-    with pytest.raises(SystemExit) as e:
-        grpo.main(args)
-    assert "--policy" in str(e.value.code) and "\n" not in str(e.value.code)
+        env_id=PIXELS_ID, num_envs=4, group_size=2, num_steps=8, total_timesteps=64, num_minibatches=2,
+        hidden_sizes=(16,), output_dir=str(tmp_path), num_eval_envs=2, num_eval_episodes=2, eval_freq=0,
+    )  # fmt: skip
+    out = grpo.main(args)
+    model = torch.load(out["checkpoint"], weights_only=True)["model"]
+    assert any(key.startswith("encoder.cnns.0.") for key in model)
+    assert out["global_step"] == 64 and out["eval"]["episodic_return"] is not None
 
 
 @pytest.mark.parametrize("module", [ppo, ppo_async, grpo])
