@@ -282,3 +282,20 @@ def test_grpo_filter_groups_logs_the_kept_fraction(tmp_path):
     # 0/1 success rewards of an untrained policy: every group's members tie (all failures), none is kept
     assert summary["train"]["grpo/kept_group_frac"] == 0.0
     assert "losses/policy_loss" not in summary["train"]  # nothing to learn from: no update was made
+
+
+def test_checkpoints_from_before_the_action_flags_resume_and_other_heads_are_refused(tmp_path):
+    """A checkpoint written before --action-head/--action-bins/--action-chunk existed ran with their defaults: it
+    resumes; one of another head is refused in one line naming the flag."""
+    summary = _train("ppo_continuous", _args("ppo_continuous", "PushCubeRL", tmp_path / "a", save_freq=1))
+    ckpt = torch.load(summary["checkpoint"], weights_only=True)
+    for key in ("action_head", "action_bins", "action_chunk", "micro_batch_size", "autocast"):
+        del ckpt["args"][key]
+    old = tmp_path / "old.pt"
+    torch.save(ckpt, old)
+    resumed = _train("ppo_continuous", _args("ppo_continuous", "PushCubeRL", tmp_path / "b", resume=str(old),
+                                             total_timesteps=8 * 4 * 3))  # fmt: skip
+    assert resumed["global_step"] == 8 * 4 * 3
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(_args("ppo_continuous", "PushCubeRL", tmp_path / "c", resume=str(old), action_head="bins"))
+    assert "--action-head" in str(e.value.code) and "\n" not in str(e.value.code)

@@ -7,6 +7,7 @@ safely and says, in one line, why a file cannot serve the run at hand. Files are
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from typing import Any
@@ -48,8 +49,9 @@ def load_checkpoint(
             + (f" (it is from {found}.py)" if found else ""),
             show,
         )
-    for key in same:
-        theirs, ours = ckpt["args"].get(key), getattr(args, key)
+    defaults = {f.name: f.default for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else {}
+    for key in same:  # a flag the checkpoint's trainer did not have yet ran with its default
+        theirs, ours = ckpt["args"].get(key, defaults.get(key)), getattr(args, key)
         if _plain(theirs) != _plain(ours):
             fail(
                 f"{flag(flag_name)} {path} was trained with {flag(key)} {theirs}, this run has {ours}; "
