@@ -112,9 +112,14 @@ def validate(args: Args) -> None:
             "learning_rate",
             "adv_eps",
             "gamma",
+            "clip_coef",
+            "max_grad_norm",
+            "target_kl",
         ),
-        non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"),
+        non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm",),  # no clipping
         files=("ref_checkpoint",),
     )
     if args.group_size < 2 or args.num_envs % args.group_size:

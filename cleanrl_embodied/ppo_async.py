@@ -125,9 +125,15 @@ def validate(args: Args) -> None:
             "clip_obs",
             "clip_reward",
             "gamma",
+            "clip_coef",
+            "vf_coef",
+            "max_grad_norm",
+            "target_kl",
         ),
-        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_staleness"),
+        non_negative=("gae_lambda", "ent_coef", "max_staleness"),
         at_most_one=("gamma", "gae_lambda"),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
     )
 

@@ -105,3 +105,55 @@ def test_a_trainer_logs_the_terms_of_a_gymnasium_id_without_masks(tmp_path):
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["train"]["rewards/a"] == 1.0 and "rewards/_a" not in summary["train"]
     assert summary["eval"]["m"] == 7.0
+
+
+# --------------------------------------------------------------------------- 3. every numeric flag checked
+NAN, INF = float("nan"), float("inf")
+COMMON_BAD = [
+    ({"max_grad_norm": -1.0}, "--max-grad-norm must be > 0, got -1.0"),  # was gradient ascent
+    ({"max_grad_norm": 0.0}, "--max-grad-norm must be > 0, got 0.0"),  # was no learning at all
+    ({"target_kl": 0.0}, "--target-kl must be > 0, got 0.0"),
+    ({"target_kl": -0.1}, "--target-kl must be > 0, got -0.1"),
+    ({"clip_coef": 0.0}, "--clip-coef must be > 0, got 0.0"),
+    ({"learning_rate": NAN}, "--learning-rate must be a finite number, got nan"),
+    ({"learning_rate": INF}, "--learning-rate must be a finite number, got inf"),
+    ({"gamma": NAN}, "--gamma must be a finite number, got nan"),
+    ({"ent_coef": NAN}, "--ent-coef must be a finite number, got nan"),
+    ({"init_logstd": NAN}, "--init-logstd must be a finite number, got nan"),
+    ({"seed": -1}, "--seed must be >= 0, got -1"),
+]
+PPO_BAD = [
+    ({"vf_coef": 0.0}, "--vf-coef must be > 0, got 0.0"),  # the critic would never learn
+    ({"gae_lambda": NAN}, "--gae-lambda must be a finite number, got nan"),
+    ({"clip_obs": NAN}, "--clip-obs must be a finite number, got nan"),
+]
+CASES = [(name, *case) for name in SCRIPTS for case in COMMON_BAD + (PPO_BAD if name != "grpo" else [])]
+CASES += [("grpo", {"kl_coef": NAN}, "--kl-coef must be a finite number, got nan")]
+CASES += [("grpo", {"adv_eps": INF}, "--adv-eps must be a finite number, got inf")]
+
+
+@pytest.mark.parametrize("name, overrides, message", CASES)
+def test_numeric_flags_out_of_range_are_one_line(tmp_path, name, overrides, message):
+    got = one_line_error(lambda: SCRIPTS[name].main(tiny(name, tmp_path / "runs", **overrides)))
+    assert got.startswith(f"error: {message}"), got
+    assert not (tmp_path / "runs").exists()  # refused before anything was built
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_unbounded_clipping_is_still_allowed(name):
+    """``inf`` is a meaningful --max-grad-norm (no clipping), as for --clip-obs and --clip-reward."""
+    args = tiny(name, Path("unused"), max_grad_norm=INF, **({} if name == "grpo" else {"clip_obs": INF}))
+    SCRIPTS[name].validate(*((args, True) if name == "ppo_ddp" else (args,)))
+
+
+# --------------------------------------------------------------------------- 5. --resume with --eval-checkpoint
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_resume_and_eval_checkpoint_together_are_refused(tmp_path, name):
+    first = SCRIPTS[name].main(tiny(name, tmp_path / "a"))
+    a = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
+    b = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    message = one_line_error(
+        lambda: SCRIPTS[name].main(tiny(name, tmp_path / "b", resume=str(a), eval_checkpoint=str(b)))
+    )
+    assert "--resume" in message and "--eval-checkpoint" in message, message
+    assert not (tmp_path / "b").exists()
