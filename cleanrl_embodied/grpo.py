@@ -36,6 +36,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.checkpoints import (
+    env_record,
     load_checkpoint,
     load_start,
     note_schedule_change,
@@ -309,6 +310,7 @@ def save_checkpoints(
         "best_key": list(evaluator.best_key),
         "obs_dim": flat_dim(envs.single_observation_space),
         "act_dim": envs.single_action_space.shape[0],
+        "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
         "rng": rng_state(),
         "env_state": env_state_dict(envs),
     }

@@ -48,7 +48,7 @@ import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
@@ -556,6 +556,7 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
             "rng": rng_state(),
             "collector": collector.state(),
         }

@@ -29,7 +29,7 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
@@ -365,6 +365,7 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
             "rng": rng_state(),
             "env_state": env_state_dict(envs),
             "next_obs": saveable(next_obs),

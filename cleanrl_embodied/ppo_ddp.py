@@ -38,7 +38,7 @@ import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder
@@ -458,6 +458,7 @@ def train(
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
             "world_size": world_size,
             **pieces[0],
             "other_ranks": pieces[1:],

@@ -91,6 +91,12 @@ RANDOMIZABLE = {"cube_half_size": 1e-3, "push_friction": 0.0, "obs_noise_std": 0
 
 CAMERAS = ("top", "front", "side", "perspective")
 
+# The constructor options that define what a policy sees (the observation's layout and frame) and what its actions
+# mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
+# noise, rewards, episode ends, goals, cameras) may change (shared/checkpoints.py).
+INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "cube_dynamics",
+                    "base_pos")  # fmt: skip
+
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
     ("robot", "qpos", 7),
