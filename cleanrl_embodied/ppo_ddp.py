@@ -521,6 +521,7 @@ def train(
                     watch.check(global_step, args.num_envs * world_size, where=f"rank {rank} ")
                     fail("", show=False)
                 rollout_stats.sums = summed[:-2]
+                rollout_stats.env_steps *= world_size  # the reward terms are summed over every rank's env steps
                 global_step += batch_size * world_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
