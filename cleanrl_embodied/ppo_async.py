@@ -562,7 +562,7 @@ def main(args: Args) -> dict:
         }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
-    eval_result, checkpoint, stats, timeline = None, None, None, []
+    eval_result, checkpoint, timeline = None, None, []
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -584,6 +584,7 @@ def main(args: Args) -> dict:
                         rewards = scale_rewards(
                             rewards, data["done"], reward_trace, reward_rms, args.gamma, args.clip_reward
                         )
+                update_stats, batch = [], None  # this iteration's; none for a dropped rollout (nothing logged)
                 if staleness > args.max_staleness:  # only after a resume with a smaller --max-staleness
                     dropped += 1
                 else:
@@ -604,7 +605,6 @@ def main(args: Args) -> dict:
                         advantages.reshape(-1),
                         returns.reshape(-1),
                     )
-                    update_stats = []  # statistics of the applied minibatch steps, averaged for logging
                     for _epoch in range(args.update_epochs):
                         perm = torch.randperm(batch_size, device=device)
                         epoch_kl = []
@@ -624,7 +624,6 @@ def main(args: Args) -> dict:
                             and float(torch.stack(epoch_kl).mean()) > args.target_kl
                         ):
                             break
-                    stats = torch.stack(update_stats).mean(0) if update_stats else stats
                     if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
                         agent.obs_rms.update(state_vector(data["obs"], batch_dims=2))  # float entries only
                     version += 1
@@ -653,8 +652,9 @@ def main(args: Args) -> dict:
                     "charts/learner_wait_s": wait_s,
                     **item["stats"].scalars(),
                 }
-                if stats is not None:
-                    scalars.update({f"losses/{k}": v for k, v in stats.items()})
+                if update_stats:  # means of this iteration's applied optimizer steps (skipped ones left out)
+                    scalars.update({f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()})
+                if batch is not None:  # the rollout was learned from
                     scalars["losses/explained_variance"] = 1 - (batch["returns"] - batch["value"]).var() / (
                         batch["returns"].var().clamp_min(1e-8)
                     )

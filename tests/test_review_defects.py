@@ -269,3 +269,47 @@ def test_checkpoints_of_the_previous_code_still_resume_and_evaluate(tmp_path, na
         )
     )
     assert "its env had obs_mode='state' (--env-kwargs), this run's --env-kwargs give obs_mode='dict'" in message
+
+
+# --------------------------------------------------------------------------- 8. ppo_async: no stale losses
+def scalar_steps(run_dir: str, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir)
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+ASYNC = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, target_kl=None, cuda=False,
+             num_eval_envs=2, num_eval_episodes=2, hidden_sizes=(8, 8), eval_freq=0)  # fmt: skip
+
+
+def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(tmp_path):
+    # 4 training forwards per iteration (2 epochs x 2 minibatches): the first iteration's steps apply, every later
+    # one is skipped (NaN loss)
+    args = ppo_async.Args(output_dir=str(tmp_path), total_timesteps=3 * 80, max_staleness=0, save_freq=0,
+                          max_consecutive_skips=100, policy="toy_policies:nan_loss_after", **ASYNC)  # fmt: skip
+    out = ppo_async.main(args)
+    assert scalar_steps(out["run_dir"], "charts/skipped_updates") == {80: 0.0, 160: 4.0, 240: 8.0}
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"):
+        assert list(scalar_steps(out["run_dir"], tag)) == [80], tag  # not the first iteration's again
+    assert list(scalar_steps(out["run_dir"], "losses/explained_variance")) == [80, 160, 240]  # of each rollout
+
+
+def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
+    """A resume with a smaller --max-staleness drops the pending rollouts that became too old. Rollouts 1 and 2 are
+    both collected with the initial policy (the collector runs K = 2 ahead of a slow learner), so after the resume
+    with K = 1 rollout 1 is learned from (version 1 -> 2) and rollout 2 is dropped: nothing of rollout 1's update
+    may be logged again at rollout 2's step."""
+    first = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path / "a"), total_timesteps=4 * 80, max_staleness=2,
+                                          save_freq=1, policy="toy_policies:slow", policy_kwargs='{"update_ms": 150}',
+                                          **ASYNC))  # fmt: skip
+    path = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
+    pending = torch.load(path, weights_only=True)["collector"]["pending"]
+    assert [(p["index"], p["version"]) for p in pending][:2] == [(1, 0), (2, 0)]  # precondition (timing)
+    resumed = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path / "b"), total_timesteps=4 * 80, max_staleness=1,
+                                            save_freq=0, resume=str(path), policy="toy_policies:slow",
+                                            policy_kwargs='{"update_ms": 150}', **ASYNC))  # fmt: skip
+    assert scalar_steps(resumed["run_dir"], "charts/dropped_rollouts") == {160: 0.0, 240: 1.0, 320: 1.0}
+    for tag in ("losses/policy_loss", "losses/explained_variance"):
+        assert list(scalar_steps(resumed["run_dir"], tag)) == [160, 320], tag

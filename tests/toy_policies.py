@@ -129,3 +129,18 @@ def without_forward(obs_space, act_space, args):
             return self.inner.get_value(obs)
 
     return NoForward()
+
+
+def nan_loss_after(obs_space, act_space, args, after: int = 4):
+    """An Agent whose training forwards (grad enabled) give NaN action means from the ``after + 1``-th on, so every
+    optimizer step after the first ``after`` is skipped; rollouts and evaluations stay finite."""
+    calls = [0]
+
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] > after:
+                return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
+        return d
+
+    return _with_hook(args, hook, obs_space, act_space)
