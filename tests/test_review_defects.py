@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
 from cleanrl_embodied.shared import make_env
@@ -313,3 +314,28 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
     assert scalar_steps(resumed["run_dir"], "charts/dropped_rollouts") == {160: 0.0, 240: 1.0, 320: 1.0}
     for tag in ("losses/policy_loss", "losses/explained_variance"):
         assert list(scalar_steps(resumed["run_dir"], tag)) == [160, 320], tag
+
+
+# --------------------------------------------------------------------------- 9. small images
+def test_the_pixel_encoder_takes_images_below_36_pixels():
+    from cleanrl_embodied.shared.encoders import PixelEncoder
+
+    for shape in ((3, 8, 8), (3, 20, 40), (3, 35, 35), (1, 36, 36), (3, 64, 64)):
+        space = gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, shape, np.uint8)})
+        torch.manual_seed(0)
+        encoder = PixelEncoder(space, state_dim=2, features=16)
+        images = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+        out = encoder(TensorDict(rgb=images, batch_size=[5]), torch.zeros(5, 2))
+        assert out.shape == (5, 18) and torch.isfinite(out).all()
+        if min(shape[1:]) < 36:  # the same network as for a 36 x 36 image
+            torch.manual_seed(0)
+            big = PixelEncoder(gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, (shape[0], 36, 36), np.uint8)}), 2, 16)
+            assert encoder.state_dict().keys() == big.state_dict().keys()
+            assert all(torch.equal(a, b) for a, b in zip(encoder.state_dict().values(), big.state_dict().values()))
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_async"])
+def test_a_trainer_learns_from_16_pixel_images(tmp_path, name):
+    kwargs = '{"obs_mode": "rgb", "image_size": 16}'
+    out = SCRIPTS[name].main(tiny(name, tmp_path, env_kwargs=kwargs, eval_env_kwargs=kwargs, save_freq=0))
+    assert out["global_step"] == 40 and out["eval"]["episodic_length"] > 0
