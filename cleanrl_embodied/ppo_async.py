@@ -8,9 +8,11 @@ the envs and updating the network one after the other leaves each side idle half
 `Collector` thread keeps collecting rollout j+1 while the learner (the main thread) trains on rollout j.
 What keeps it correct:
 
-- The collector acts with an *inference copy* of the agent (and of its observation normalizer). It is
-  refreshed by `load_state_dict` from a snapshot the learner published, only between rollouts, so it never
-  changes during a rollout and the learner never writes to a module the collector reads.
+- The collector acts with an *inference copy* of the agent (and of its observation normalizer). It gets the
+  whole agent once, then is refreshed by `load_state_dict` from a snapshot the learner published, only between
+  rollouts, so it never changes during a rollout and the learner never writes to a module the collector reads.
+  A snapshot holds only what can change (trainable parameters and buffers such as the normalizer's statistics):
+  a frozen pretrained backbone is copied once, not into each of the K + 1 snapshots kept.
 - Rollout j is collected with exactly the snapshot the learner published after consuming j - K rollouts
   (K = --max-staleness); the collector waits rather than run further ahead. Every transition carries the
   policy version that produced it; the learner drops (and counts) a rollout older than K versions, and its
@@ -323,7 +325,9 @@ class Collector:
         self.generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # this side's random stream
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
-        self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, state_dict)
+        self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, changing entries)
+        self.changing: set[str] = set()  # the agent's state entries that snapshots copy (see publish)
+        self.seen: dict[str, tuple[int, int]] | None = None  # frozen parameter -> (data_ptr, version) at the copy
         self.consumed = 0
         self.pause_requested = self.paused = self.stop_requested = self.finished = False
         self.error: BaseException | None = None
@@ -331,8 +335,20 @@ class Collector:
 
     # ---- learner side ----
     def publish(self, consumed: int, version: int, agent: Agent) -> None:
-        """Hand the learner's agent after `consumed` rollouts to the collector (a detached copy)."""
-        snapshot = (version, {k: v.detach().clone() for k, v in agent.state_dict().items()})
+        """Hand the learner's agent after `consumed` rollouts to the collector: the first call (before the thread
+        starts) copies the whole agent into the collector's copy; every call keeps a detached copy of what can
+        change: trainable parameters, buffers, and a frozen parameter (``requires_grad`` off) once it has changed
+        in place or been replaced since the first call (its version counter says so; from then on in every
+        snapshot). A resume applies its snapshots to the resumed weights, which is exact unless a frozen parameter
+        began changing within the K + 1 rollouts before the checkpoint."""
+        state = agent.state_dict(keep_vars=True)
+        if self.seen is None:
+            self.agent.load_state_dict(state)
+            self.seen = {k: (v.data_ptr(), v._version) for k, v in state.items() if isinstance(v, nn.Parameter)}
+        for key, value in state.items():
+            if key not in self.seen or value.requires_grad or self.seen[key] != (value.data_ptr(), value._version):
+                self.changing.add(key)
+        snapshot = (version, {k: state[k].detach().clone() for k in self.changing})
         with self.cond:
             self.snapshots[consumed], self.consumed = snapshot, consumed
             for old in [c for c in self.snapshots if c < consumed - self.args.max_staleness]:
@@ -402,6 +418,7 @@ class Collector:
             self.next_obs = from_saved(state["next_obs"], device)
         self.generator.set_state(state["generator"])
         self.next_index, self.snapshots = state["next_index"], {int(c): vs for c, vs in state["snapshots"].items()}
+        self.changing.update(key for _, snapshot in self.snapshots.values() for key in snapshot)  # (older: whole)
         self.rollouts = queue.Queue(maxsize=max(self.args.max_staleness + 1, len(pending)))  # a resume may lower K
         for item in pending:
             item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
@@ -430,7 +447,7 @@ class Collector:
                         if self.stop_requested:
                             return
                         version, state = self.snapshots[max(need, min(self.snapshots))]
-                    self.agent.load_state_dict(state)
+                    self.agent.load_state_dict(state, strict=False)  # what changed; the rest it holds already
                     item = self._collect(version)
                     if item is None:  # stopped mid-rollout
                         return

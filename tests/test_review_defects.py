@@ -339,3 +339,54 @@ def test_a_trainer_learns_from_16_pixel_images(tmp_path, name):
     kwargs = '{"obs_mode": "rgb", "image_size": 16}'
     out = SCRIPTS[name].main(tiny(name, tmp_path, env_kwargs=kwargs, eval_env_kwargs=kwargs, save_freq=0))
     assert out["global_step"] == 40 and out["eval"]["episodic_length"] > 0
+
+
+# --------------------------------------------------------------------------- 10. ppo_async snapshots
+def nbytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
+    """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers that
+    can update (the observation normalizer's), measured here; the frozen backbone (256 x 256 + 256 floats, 263 kB) was
+    copied into every one of the K + 1 snapshots kept before (and into every checkpoint's)."""
+    args = ppo_async.Args(output_dir=str(tmp_path), total_timesteps=3 * 80, max_staleness=2, save_freq=1,
+                          norm_obs=True, policy="toy_policies:frozen_backbone", **ASYNC)  # fmt: skip
+    out = ppo_async.main(args)
+    ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
+    model = ckpt["model"]
+    backbone = nbytes({k: v for k, v in model.items() if k.startswith("backbone.")})
+    assert backbone == (256 * 256 + 256) * 4
+    changing = {k: v for k, v in model.items() if not k.startswith("backbone.")}  # heads, log-std, normalizer
+    assert len(ckpt["collector"]["snapshots"]) >= 2
+    for _version, snapshot in ckpt["collector"]["snapshots"].values():
+        assert set(snapshot) == set(changing)
+        assert nbytes(snapshot) == nbytes(model) - backbone
+    # the collector's copy still acts with the learner's whole policy, frozen part included (toy_policies checks
+    # the versions in test_ppo_async); resuming this checkpoint continues the run
+    resumed = ppo_async.main(ppo_async.Args(**{**vars(args), "output_dir": str(tmp_path / "b"),
+                                               "resume": str(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt")}))  # fmt: skip
+    assert resumed["global_step"] == 240
+
+
+def test_ppo_async_collector_copies_the_frozen_part_once():
+    """Unit level: a snapshot copies the trainable parameters and the buffers, not the frozen parameters the
+    collector's copy got once; a frozen parameter changed in place (say, by the user) is noticed and copied from
+    then on."""
+    args = ppo_async.Args(**{**ASYNC, "num_envs": 2, "hidden_sizes": (8,)})
+    envs = make_env("PushCubeRL", num_envs=2, seed=0)
+    import toy_policies
+
+    learner = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
+    inference = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
+    collector = ppo_async.Collector(envs, inference, args, total_rollouts=1, device=torch.device("cpu"))
+    collector.publish(0, 0, learner)
+    assert all(torch.equal(a, b) for a, b in zip(inference.state_dict().values(), learner.state_dict().values()))
+    trainable = {k for k, p in learner.named_parameters() if p.requires_grad}
+    trainable |= {k for k, _ in learner.named_buffers()}  # the normalizer's statistics
+    assert set(collector.snapshots[0][1]) == trainable and "obs_rms.mean" in trainable
+    with torch.no_grad():
+        learner.backbone.bias.add_(1.0)
+    collector.publish(1, 1, learner)
+    assert set(collector.snapshots[1][1]) == trainable | {"backbone.bias"}
+    envs.close()

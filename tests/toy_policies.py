@@ -144,3 +144,11 @@ def nan_loss_after(obs_space, act_space, args, after: int = 4):
         return d
 
     return _with_hook(args, hook, obs_space, act_space)
+
+
+def frozen_backbone(obs_space, act_space, args, width: int = 256):
+    """The trainer's Agent plus a frozen ``width x width`` layer (``requires_grad`` off), standing in for a large
+    pretrained backbone that is not trained (e.g. a VLA fine-tuned with LoRA): its weights never change."""
+    agent = _agent_class(args)(obs_space, act_space, args)
+    agent.backbone = torch.nn.Linear(width, width).requires_grad_(False)
+    return agent
