@@ -46,7 +46,7 @@ from cleanrl_embodied.shared.checkpoints import (
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything, stream_seed
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
 
@@ -278,7 +278,7 @@ def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, T
 
 def group_reset(envs, args: Args, iteration: int) -> torch.Tensor:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
-    seed = int(np.random.SeedSequence([args.seed, iteration]).generate_state(1)[0] % 2**31)
+    seed = stream_seed(args.seed, "group_resets", iteration)
     try:
         return envs.reset(seed=seed, options={"group_size": args.group_size})[0]
     except ValueError as e:
@@ -333,7 +333,7 @@ def main(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
     actor, ref_actor = make_agent(eval_envs, args).to(device), make_agent(eval_envs, args).to(device)
     if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
@@ -350,7 +350,7 @@ def main(args: Args) -> dict:
             act, ckpt, args.eval_checkpoint
         )
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
+    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])

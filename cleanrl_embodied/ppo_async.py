@@ -55,7 +55,7 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything, stream_seed
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 
@@ -321,8 +321,8 @@ class Collector:
 
     def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, device: torch.device):
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
-        self.next_obs, self.next_index = envs.reset(seed=args.seed)[0], 0  # load_state() continues a run instead
-        self.generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # this side's random stream
+        self.next_obs, self.next_index = envs.reset(seed=stream_seed(args.seed, "train_envs"))[0], 0  # or load_state()
+        self.generator = torch.Generator(device=device).manual_seed(stream_seed(args.seed, "collector"))  # its own
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
         self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, changing entries)
@@ -519,7 +519,7 @@ def main(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
@@ -530,7 +530,7 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
+    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
