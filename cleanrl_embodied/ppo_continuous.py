@@ -34,7 +34,14 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything, stream_seed
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 

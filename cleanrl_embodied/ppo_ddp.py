@@ -44,7 +44,14 @@ from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything, stream_seed
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, image_spaces, saveable, state_dim, state_vector
 
 

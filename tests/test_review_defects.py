@@ -174,7 +174,10 @@ def test_a_checkpoint_records_its_env_options_and_observation_layout(tmp_path):
     assert record["env_id"] == "PushCubeRL" and record["env_kwargs"] == json.loads(kwargs)
     assert record["eval_env_kwargs"] == {"obs_mode": "dict"}
     leaves = record["observation"]["leaves"]
-    assert record["observation"]["flattened"] and [path for path, _, _ in leaves][:2] == ["goal/goal_pos", "object/cube_pos"]
+    assert record["observation"]["flattened"] and [path for path, _, _ in leaves][:2] == [
+        "goal/goal_pos",
+        "object/cube_pos",
+    ]
     assert sum(int(np.prod(shape)) for _, shape, _ in leaves) == ckpt["obs_dim"] == 31
 
 
@@ -189,7 +192,7 @@ def test_another_observation_or_action_meaning_is_refused(tmp_path, name, option
     other = json.dumps({option: here})
     for flag_name, kwargs_flag in (("resume", "env_kwargs"), ("eval_checkpoint", "eval_env_kwargs")):
         args = tiny(name, tmp_path / flag_name, **{flag_name: str(path), "env_kwargs": other, "eval_env_kwargs": other})
-        message = one_line_error(lambda: SCRIPTS[name].main(args))
+        message = one_line_error(lambda args=args: SCRIPTS[name].main(args))
         expected = f"--{flag_name.replace('_', '-')} {path}: its env had {option}={trained!r} (--env-kwargs), this "
         assert message.startswith(f"error: {expected}"), message
         assert f"--{kwargs_flag.replace('_', '-')} give {option}={here!r}" in message, message
@@ -208,7 +211,10 @@ def test_harmless_env_changes_on_resume_are_allowed_and_named(tmp_path, name, ca
     out = SCRIPTS[name].main(tiny(name, tmp_path / "resumed", resume=str(path), env_kwargs=kwargs))
     assert out["global_step"] == 40
     printed = capsys.readouterr().out
-    assert f"note: --resume {path}: env options differ from its --env-kwargs: push_friction_range None -> [0.5, 1.5], " in printed
+    assert (
+        f"note: --resume {path}: env options differ from its --env-kwargs: push_friction_range None -> [0.5, 1.5], "
+        in printed
+    )
     assert "randomize_interval None -> 3 (allowed" in printed, printed
 
 
@@ -217,17 +223,42 @@ def test_gymnasium_options_must_match_unless_known_to_be_harmless(tmp_path):
     --eval-checkpoint may use the options of the checkpoint's training envs or of its eval envs."""
     common = dict(env_id="Pendulum-v1", env_kwargs='{"g": 9.0}')
     path, _ = first_checkpoint("ppo_continuous", tmp_path, **common)
-    message = one_line_error(lambda: ppo_continuous.main(tiny("ppo_continuous", tmp_path / "b", resume=str(path),
-                                                                 env_id="Pendulum-v1")))  # fmt: skip
+    message = one_line_error(
+        lambda: ppo_continuous.main(tiny("ppo_continuous", tmp_path / "b", resume=str(path), env_id="Pendulum-v1"))
+    )
     assert "its env had g=9.0 (--env-kwargs), this run's --env-kwargs give g=10.0" in message, message
-    message = one_line_error(lambda: ppo_continuous.main(tiny("ppo_continuous", tmp_path / "c", eval_checkpoint=str(path),
-                                                                 env_id="Pendulum-v1", eval_env_kwargs='{"g": 5.0}')))  # fmt: skip
+    message = one_line_error(
+        lambda: ppo_continuous.main(
+            tiny(
+                "ppo_continuous",
+                tmp_path / "c",
+                eval_checkpoint=str(path),
+                env_id="Pendulum-v1",
+                eval_env_kwargs='{"g": 5.0}',
+            )
+        )
+    )
     assert "its env had g=9.0 (--env-kwargs), this run's --eval-env-kwargs give g=5.0" in message, message
     for eval_kwargs in ('{"g": 9.0}', "{}", '{"g": 10.0, "max_episode_steps": 100}'):  # training, eval (default)
-        ppo_continuous.main(tiny("ppo_continuous", tmp_path / "d", eval_checkpoint=str(path), env_id="Pendulum-v1",
-                                 eval_env_kwargs=eval_kwargs))  # fmt: skip
-    resumed = ppo_continuous.main(tiny("ppo_continuous", tmp_path / "e", resume=str(path), total_timesteps=3 * 20,
-                                       env_kwargs='{"g": 9.0, "max_episode_steps": 100}', env_id="Pendulum-v1"))  # fmt: skip
+        ppo_continuous.main(
+            tiny(
+                "ppo_continuous",
+                tmp_path / "d",
+                eval_checkpoint=str(path),
+                env_id="Pendulum-v1",
+                eval_env_kwargs=eval_kwargs,
+            )
+        )
+    resumed = ppo_continuous.main(
+        tiny(
+            "ppo_continuous",
+            tmp_path / "e",
+            resume=str(path),
+            total_timesteps=3 * 20,
+            env_kwargs='{"g": 9.0, "max_episode_steps": 100}',
+            env_id="Pendulum-v1",
+        )
+    )
     assert resumed["global_step"] == 60
 
 
@@ -235,11 +266,22 @@ def test_gymnasium_options_must_match_unless_known_to_be_harmless(tmp_path):
 def test_another_observation_layout_is_refused(tmp_path, name):
     """A checkpoint whose recorded observation entries differ (here: edited, as another version of an env would
     give) is refused in one line naming the first entry that differs."""
-    path, ckpt = first_checkpoint(name, tmp_path, env_kwargs='{"obs_mode": "dict"}', eval_env_kwargs='{"obs_mode": "dict"}')
+    path, ckpt = first_checkpoint(
+        name, tmp_path, env_kwargs='{"obs_mode": "dict"}', eval_env_kwargs='{"obs_mode": "dict"}'
+    )
     ckpt["env"]["observation"]["leaves"][0][0] = "goal/target"
     torch.save(ckpt, tmp_path / "edited.pt")
-    message = one_line_error(lambda: SCRIPTS[name].main(tiny(name, tmp_path / "b", resume=str(tmp_path / "edited.pt"),
-                             env_kwargs='{"obs_mode": "dict"}', eval_env_kwargs='{"obs_mode": "dict"}')))  # fmt: skip
+    message = one_line_error(
+        lambda: SCRIPTS[name].main(
+            tiny(
+                name,
+                tmp_path / "b",
+                resume=str(tmp_path / "edited.pt"),
+                env_kwargs='{"obs_mode": "dict"}',
+                eval_env_kwargs='{"obs_mode": "dict"}',
+            )
+        )
+    )
     assert message == (
         "error: --resume: the checkpoint's observation entry 0 is goal/target (3,) float32 there, goal/goal_pos (3,) "
         "float32 here (pass the env options it was trained with)"
@@ -265,8 +307,11 @@ def test_checkpoints_of_the_previous_code_still_resume_and_evaluate(tmp_path, na
     assert evaluated["global_step"] == 20 and evaluated["eval"]["episodic_length"] > 0
     message = one_line_error(  # and a changed meaning is refused for them too
         lambda: module.main(
-            module.Args(output_dir=str(tmp_path / "x"), resume=str(path), **{**kwargs, "env_kwargs": '{"obs_mode": "dict"}',
-                        "eval_env_kwargs": '{"obs_mode": "dict"}'})  # fmt: skip
+            module.Args(
+                output_dir=str(tmp_path / "x"),
+                resume=str(path),
+                **{**kwargs, "env_kwargs": '{"obs_mode": "dict"}', "eval_env_kwargs": '{"obs_mode": "dict"}'},
+            )
         )
     )
     assert "its env had obs_mode='state' (--env-kwargs), this run's --env-kwargs give obs_mode='dict'" in message
@@ -281,15 +326,32 @@ def scalar_steps(run_dir: str, tag: str) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
-ASYNC = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, target_kl=None, cuda=False,
-             num_eval_envs=2, num_eval_episodes=2, hidden_sizes=(8, 8), eval_freq=0)  # fmt: skip
+ASYNC = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    target_kl=None,
+    cuda=False,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(8, 8),
+    eval_freq=0,
+)
 
 
 def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(tmp_path):
     # 4 training forwards per iteration (2 epochs x 2 minibatches): the first iteration's steps apply, every later
     # one is skipped (NaN loss)
-    args = ppo_async.Args(output_dir=str(tmp_path), total_timesteps=3 * 80, max_staleness=0, save_freq=0,
-                          max_consecutive_skips=100, policy="toy_policies:nan_loss_after", **ASYNC)  # fmt: skip
+    args = ppo_async.Args(
+        output_dir=str(tmp_path),
+        total_timesteps=3 * 80,
+        max_staleness=0,
+        save_freq=0,
+        max_consecutive_skips=100,
+        policy="toy_policies:nan_loss_after",
+        **ASYNC,
+    )
     out = ppo_async.main(args)
     assert scalar_steps(out["run_dir"], "charts/skipped_updates") == {80: 0.0, 160: 4.0, 240: 8.0}
     for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"):
@@ -302,15 +364,32 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
     both collected with the initial policy (the collector runs K = 2 ahead of a slow learner), so after the resume
     with K = 1 rollout 1 is learned from (version 1 -> 2) and rollout 2 is dropped: nothing of rollout 1's update
     may be logged again at rollout 2's step."""
-    first = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path / "a"), total_timesteps=4 * 80, max_staleness=2,
-                                          save_freq=1, policy="toy_policies:slow", policy_kwargs='{"update_ms": 150}',
-                                          **ASYNC))  # fmt: skip
+    first = ppo_async.main(
+        ppo_async.Args(
+            output_dir=str(tmp_path / "a"),
+            total_timesteps=4 * 80,
+            max_staleness=2,
+            save_freq=1,
+            policy="toy_policies:slow",
+            policy_kwargs='{"update_ms": 150}',
+            **ASYNC,
+        )
+    )
     path = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
     pending = torch.load(path, weights_only=True)["collector"]["pending"]
     assert [(p["index"], p["version"]) for p in pending][:2] == [(1, 0), (2, 0)]  # precondition (timing)
-    resumed = ppo_async.main(ppo_async.Args(output_dir=str(tmp_path / "b"), total_timesteps=4 * 80, max_staleness=1,
-                                            save_freq=0, resume=str(path), policy="toy_policies:slow",
-                                            policy_kwargs='{"update_ms": 150}', **ASYNC))  # fmt: skip
+    resumed = ppo_async.main(
+        ppo_async.Args(
+            output_dir=str(tmp_path / "b"),
+            total_timesteps=4 * 80,
+            max_staleness=1,
+            save_freq=0,
+            resume=str(path),
+            policy="toy_policies:slow",
+            policy_kwargs='{"update_ms": 150}',
+            **ASYNC,
+        )
+    )
     assert scalar_steps(resumed["run_dir"], "charts/dropped_rollouts") == {160: 0.0, 240: 1.0, 320: 1.0}
     for tag in ("losses/policy_loss", "losses/explained_variance"):
         assert list(scalar_steps(resumed["run_dir"], tag)) == [160, 320], tag
@@ -350,8 +429,15 @@ def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
     """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers that
     can update (the observation normalizer's), measured here; the frozen backbone (256 x 256 + 256 floats, 263 kB) was
     copied into every one of the K + 1 snapshots kept before (and into every checkpoint's)."""
-    args = ppo_async.Args(output_dir=str(tmp_path), total_timesteps=3 * 80, max_staleness=2, save_freq=1,
-                          norm_obs=True, policy="toy_policies:frozen_backbone", **ASYNC)  # fmt: skip
+    args = ppo_async.Args(
+        output_dir=str(tmp_path),
+        total_timesteps=3 * 80,
+        max_staleness=2,
+        save_freq=1,
+        norm_obs=True,
+        policy="toy_policies:frozen_backbone",
+        **ASYNC,
+    )
     out = ppo_async.main(args)
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
     model = ckpt["model"]
@@ -364,8 +450,15 @@ def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
         assert nbytes(snapshot) == nbytes(model) - backbone
     # the collector's copy still acts with the learner's whole policy, frozen part included (toy_policies checks
     # the versions in test_ppo_async); resuming this checkpoint continues the run
-    resumed = ppo_async.main(ppo_async.Args(**{**vars(args), "output_dir": str(tmp_path / "b"),
-                                               "resume": str(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt")}))  # fmt: skip
+    resumed = ppo_async.main(
+        ppo_async.Args(
+            **{
+                **vars(args),
+                "output_dir": str(tmp_path / "b"),
+                "resume": str(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt"),
+            }
+        )
+    )
     assert resumed["global_step"] == 240
 
 
@@ -418,7 +511,9 @@ def test_every_stream_of_a_run_has_its_own_seed(tmp_path, name, monkeypatch):
 
     seeds: dict[str, list[int]] = {"envs": [], "torch": [], "eval_reset": [], "eval_actions": []}
     make_env_, manual_seed, evaluate_ = cli.make_env, torch.manual_seed, evaluation.evaluate
-    monkeypatch.setattr(cli, "make_env", lambda *a, seed=None, **k: seeds["envs"].append(seed) or make_env_(*a, seed=seed, **k))
+    monkeypatch.setattr(
+        cli, "make_env", lambda *a, seed=None, **k: seeds["envs"].append(seed) or make_env_(*a, seed=seed, **k)
+    )
     monkeypatch.setattr(torch, "manual_seed", lambda seed: seeds["torch"].append(int(seed)) or manual_seed(seed))
 
     def recording_evaluate(act, env, num_episodes, seed, *rest):

@@ -239,15 +239,15 @@ def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -
         theirs = _plain(theirs)
         if theirs["flattened"] != layout["flattened"]:
             what = "observations were " + (
-                "flattened into one vector, here they are not" if theirs["flattened"] else "not flattened, here they are"
+                "flattened into one vector, here they are not"
+                if theirs["flattened"]
+                else "not flattened, here they are"
             )
         else:
-            i = next(i for i, (a, b) in enumerate(zip([*theirs["leaves"], None], [*layout["leaves"], None])) if a != b)
-            at = lambda leaves: leaves[i] if i < len(leaves) else None  # noqa: E731
-            what = (
-                f"observation entry {i} is {_describe_leaf(at(theirs['leaves']))} there, "
-                f"{_describe_leaf(at(layout['leaves']))} here"
-            )
+            n = max(len(theirs["leaves"]), len(layout["leaves"]))
+            there, here = ([*leaves, *[None] * (n - len(leaves))] for leaves in (theirs["leaves"], layout["leaves"]))
+            i = next(i for i in range(n) if there[i] != here[i])
+            what = f"observation entry {i} is {_describe_leaf(there[i])} there, {_describe_leaf(here[i])} here"
         fail(f"{flag(flag_name)}: the checkpoint's {what} (pass the env options it was trained with)", show)
     return obs_dim, act_dim
 
