@@ -131,21 +131,21 @@ def _check_env(ckpt: dict, path: str, flag_name: str, args: Any, kwargs_flag: st
     theirs = [("--env-kwargs", record["env_kwargs"])]
     if flag_name == "eval_checkpoint":
         theirs.append(("--eval-env-kwargs", record["eval_env_kwargs"]))
-    refused = None
-    for their_flag, kwargs in theirs:
-        differences = _env_differences(args.env_id, kwargs, ours)
-        bad = [d for d in differences if d[3]]
-        if not bad:
-            if differences and show:
-                changes = ", ".join(f"{key} {a!r} -> {b!r}" for key, a, b, _ in differences)
+    differences = [(their_flag, _env_differences(args.env_id, kwargs, ours)) for their_flag, kwargs in theirs]
+    if any(not found for _, found in differences):
+        return
+    for their_flag, found in differences:
+        if not any(interface for *_, interface in found):
+            if show:
+                changes = ", ".join(f"{key} {a!r} -> {b!r}" for key, a, b, _ in found)
                 print(
                     f"note: {flag(flag_name)} {path}: env options differ from its {their_flag}: {changes} (allowed: "
                     "they change neither what the policy sees nor what its actions mean)",
                     flush=True,
                 )
             return
-        refused = refused or (their_flag, bad[0])
-    their_flag, (key, a, b, _) = refused
+    their_flag, found = differences[0]
+    key, a, b, _ = next(d for d in found if d[3])
     fail(
         f"{flag(flag_name)} {path}: its env had {key}={a!r} ({their_flag}), this run's {flag(kwargs_flag)} give "
         f"{key}={b!r}; that changes what the policy sees or what its actions mean: pass the same value",
