@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
+    env_record,
     load_checkpoint,
     load_start,
     note_schedule_change,
@@ -49,7 +50,14 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim, state_dim, state_vector
 
 
@@ -133,9 +141,14 @@ def validate(args: Args) -> None:
             "learning_rate",
             "adv_eps",
             "gamma",
+            "clip_coef",
+            "max_grad_norm",
+            "target_kl",
         ),
-        non_negative=("clip_coef", "ent_coef", "kl_coef", "max_grad_norm"),
+        non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm",),  # no clipping
         files=("ref_checkpoint",),
     )
     if args.group_size < 2 or args.num_envs % args.group_size:
@@ -331,7 +344,7 @@ def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tenso
 
 def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
-    seed = int(np.random.SeedSequence([args.seed, iteration]).generate_state(1)[0] % 2**31)
+    seed = stream_seed(args.seed, "group_resets", iteration)
     try:
         return envs.reset(seed=seed, options={"group_size": args.group_size})
     except ValueError as e:
@@ -363,6 +376,7 @@ def save_checkpoints(
         "best_key": list(evaluator.best_key),
         "obs_dim": flat_dim(envs.single_observation_space),
         "act_dim": envs.single_action_space.shape[0],
+        "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
         "rng": rng_state(),
         "env_state": env_state_dict(envs),
     }
@@ -385,7 +399,7 @@ def main(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
     actor, ref_actor = make_agent(eval_envs, args).to(device), make_agent(eval_envs, args).to(device)
     if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
@@ -402,7 +416,7 @@ def main(args: Args) -> dict:
             act, ckpt, args.eval_checkpoint
         )
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
+    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])

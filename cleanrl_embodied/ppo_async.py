@@ -8,9 +8,11 @@ the envs and updating the network one after the other leaves each side idle half
 `Collector` thread keeps collecting rollout j+1 while the learner (the main thread) trains on rollout j.
 What keeps it correct:
 
-- The collector acts with an *inference copy* of the agent (and of its observation normalizer). It is
-  refreshed by `load_state_dict` from a snapshot the learner published, only between rollouts, so it never
-  changes during a rollout and the learner never writes to a module the collector reads.
+- The collector acts with an *inference copy* of the agent (and of its observation normalizer). It gets the
+  whole agent once, then is refreshed by `load_state_dict` from a snapshot the learner published, only between
+  rollouts, so it never changes during a rollout and the learner never writes to a module the collector reads.
+  A snapshot holds only what can change (trainable parameters and buffers such as the normalizer's statistics):
+  a frozen pretrained backbone is copied once, not into each of the K + 1 snapshots kept.
 - Rollout j is collected with exactly the snapshot the learner published after consuming j - K rollouts
   (K = --max-staleness); the collector waits rather than run further ahead. Every transition carries the
   policy version that produced it; the learner drops (and counts) a rollout older than K versions, and its
@@ -51,12 +53,19 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
 
 
@@ -142,9 +151,15 @@ def validate(args: Args) -> None:
             "clip_obs",
             "clip_reward",
             "gamma",
+            "clip_coef",
+            "vf_coef",
+            "max_grad_norm",
+            "target_kl",
         ),
-        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_staleness"),
+        non_negative=("gae_lambda", "ent_coef", "max_staleness"),
         at_most_one=("gamma", "gae_lambda"),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
     )
 
@@ -370,13 +385,15 @@ class Collector:
 
     def __init__(self, envs, agent: Agent, args: Args, total_rollouts: int, device: torch.device):
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
-        self.next_obs, self.next_index = envs.reset(seed=args.seed)[0], 0  # load_state() continues a run instead
-        self.generator = torch.Generator(device=device).manual_seed(args.seed + 1)  # this side's random stream
+        self.next_obs, self.next_index = envs.reset(seed=stream_seed(args.seed, "train_envs"))[0], 0  # or load_state()
+        self.generator = torch.Generator(device=device).manual_seed(stream_seed(args.seed, "collector"))  # its own
         self.amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
         self.task_names = envs.metadata.get("task_names")  # success is also logged per task
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
-        self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, state_dict)
+        self.snapshots: dict[int, tuple[int, dict]] = {}  # rollouts consumed -> (policy version, changing entries)
+        self.changing: set[str] = set()  # the agent's state entries that snapshots copy (see publish)
+        self.seen: dict[str, tuple[int, int]] | None = None  # frozen parameter -> (data_ptr, version) at the copy
         self.consumed = 0
         self.pause_requested = self.paused = self.stop_requested = self.finished = False
         self.error: BaseException | None = None
@@ -384,8 +401,20 @@ class Collector:
 
     # ---- learner side ----
     def publish(self, consumed: int, version: int, agent: Agent) -> None:
-        """Hand the learner's agent after `consumed` rollouts to the collector (a detached copy)."""
-        snapshot = (version, {k: v.detach().clone() for k, v in agent.state_dict().items()})
+        """Hand the learner's agent after `consumed` rollouts to the collector: the first call (before the thread
+        starts) copies the whole agent into the collector's copy; every call keeps a detached copy of what can
+        change: trainable parameters, buffers, and a frozen parameter (``requires_grad`` off) once it has changed
+        in place or been replaced since the first call (its version counter says so; from then on in every
+        snapshot). A resume applies its snapshots to the resumed weights, which is exact unless a frozen parameter
+        began changing within the K + 1 rollouts before the checkpoint."""
+        state = agent.state_dict(keep_vars=True)
+        if self.seen is None:
+            self.agent.load_state_dict(state)
+            self.seen = {k: (v.data_ptr(), v._version) for k, v in state.items() if isinstance(v, nn.Parameter)}
+        for key, value in state.items():
+            if key not in self.seen or value.requires_grad or self.seen[key] != (value.data_ptr(), value._version):
+                self.changing.add(key)
+        snapshot = (version, {k: state[k].detach().clone() for k in self.changing})
         with self.cond:
             self.snapshots[consumed], self.consumed = snapshot, consumed
             for old in [c for c in self.snapshots if c < consumed - self.args.max_staleness]:
@@ -455,18 +484,14 @@ class Collector:
             self.next_obs = from_saved(state["next_obs"], device)
         self.generator.set_state(state["generator"])
         self.next_index, self.snapshots = state["next_index"], {int(c): vs for c, vs in state["snapshots"].items()}
+        self.changing.update(key for _, snapshot in self.snapshots.values() for key in snapshot)  # (older: whole)
         self.rollouts = queue.Queue(maxsize=max(self.args.max_staleness + 1, len(pending)))  # a resume may lower K
         for item in pending:
             item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
-            self.rollouts.put_nowait(
-                {
-                    **item,
-                    "next_obs": from_saved(item["next_obs"], device),
-                    "data": TensorDict(
-                        item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device
-                    ),
-                }
-            )
+            data = TensorDict(item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device)
+            if "discount" not in data.keys():  # collected before chunks existed: one env step per decision
+                data["discount"] = torch.full_like(data["reward"], self.args.gamma)
+            self.rollouts.put_nowait({**item, "next_obs": from_saved(item["next_obs"], device), "data": data})
 
     # ---- collector thread ----
     def _run(self) -> None:
@@ -483,7 +508,7 @@ class Collector:
                         if self.stop_requested:
                             return
                         version, state = self.snapshots[max(need, min(self.snapshots))]
-                    self.agent.load_state_dict(state)
+                    self.agent.load_state_dict(state, strict=False)  # what changed; the rest it holds already
                     item = self._collect(version)
                     if item is None:  # stopped mid-rollout
                         return
@@ -559,7 +584,7 @@ def main(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
@@ -570,7 +595,7 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
+    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
@@ -615,12 +640,13 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
             "rng": rng_state(),
             "collector": collector.state(),
         }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
-    eval_result, checkpoint, stats, timeline = None, None, None, []
+    eval_result, checkpoint, timeline = None, None, []
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -642,6 +668,7 @@ def main(args: Args) -> dict:
                         rewards = scale_rewards(
                             rewards, data["done"], reward_trace, reward_rms, discounts, args.clip_reward
                         )
+                update_stats, batch = [], None  # this iteration's; none for a dropped rollout (nothing logged)
                 if staleness > args.max_staleness:  # only after a resume with a smaller --max-staleness
                     dropped += 1
                 else:
@@ -662,7 +689,6 @@ def main(args: Args) -> dict:
                         advantages.reshape(-1),
                         returns.reshape(-1),
                     )
-                    update_stats = []  # statistics of the applied minibatch steps, averaged for logging
                     for _epoch in range(args.update_epochs):
                         perm = torch.randperm(batch_size, device=device)
                         epoch_kl = []
@@ -689,7 +715,6 @@ def main(args: Args) -> dict:
                             and float(torch.stack(epoch_kl).mean()) > args.target_kl
                         ):
                             break
-                    stats = torch.stack(update_stats).mean(0) if update_stats else stats
                     if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
                         agent.obs_rms.update(state_vector(data["obs"], batch_dims=2))  # float entries only
                     version += 1
@@ -718,8 +743,9 @@ def main(args: Args) -> dict:
                     "charts/learner_wait_s": wait_s,
                     **item["stats"].scalars(),
                 }
-                if stats is not None:
-                    scalars.update({f"losses/{k}": v for k, v in stats.items()})
+                if update_stats:  # means of this iteration's applied optimizer steps (skipped ones left out)
+                    scalars.update({f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()})
+                if batch is not None:  # the rollout was learned from
                     scalars["losses/explained_variance"] = 1 - (batch["returns"] - batch["value"]).var() / (
                         batch["returns"].var().clamp_min(1e-8)
                     )

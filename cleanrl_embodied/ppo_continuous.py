@@ -32,12 +32,19 @@ from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
 
 
@@ -123,9 +130,15 @@ def validate(args: Args) -> None:
             "clip_obs",
             "clip_reward",
             "gamma",
+            "clip_coef",
+            "vf_coef",
+            "max_grad_norm",
+            "target_kl",
         ),
-        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"),
+        non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
     )
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
@@ -370,7 +383,7 @@ def main(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device)
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
@@ -381,7 +394,8 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed, device, like=eval_envs)
+    env_seed = stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
+    envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
@@ -400,7 +414,7 @@ def main(args: Args) -> dict:
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
     global_step, start_iteration = 0, 1
-    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
@@ -431,6 +445,7 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
             "rng": rng_state(),
             "env_state": env_state_dict(envs),
             "next_obs": saveable(next_obs),

@@ -4,8 +4,8 @@
     uv run python cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL        # without torchrun: a world of one
 
 This is ppo_continuous.py made data-parallel; it has the same flags plus `--backend` and `--dist-timeout-s`.
-Every rank steps its own `--num-envs` envs (seeded seed + rank * num_envs), collects its own rollout and cuts
-it into its own minibatches (rank r > 0 samples from a stream seeded by a hash of (seed, r));
+Every rank steps its own `--num-envs` envs, collects its own rollout and cuts it into its own minibatches, each
+rank with its own random streams derived from (seed, rank) (`stream_seed`; rank 0's are ppo_continuous.py's);
 `--total-timesteps` counts the env steps of all ranks together. Process-group set-up and teardown live in
 `cleanrl_embodied.shared.distributed`. What keeps the ranks one run:
 
@@ -39,13 +39,20 @@ from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import NonFiniteWatch, SkipGuard, StopFlag, pick_device, seed_everything
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
 from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
 
 
@@ -136,10 +143,16 @@ def validate(args: Args, show: bool) -> None:
             "clip_obs",
             "clip_reward",
             "gamma",
+            "clip_coef",
+            "vf_coef",
+            "max_grad_norm",
+            "target_kl",
             "dist_timeout_s",
         ),
-        non_negative=("gae_lambda", "clip_coef", "ent_coef", "vf_coef"),
+        non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
+        finite=("init_logstd",),
+        may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
         show=show,
     )  # each rank's rollout
@@ -379,12 +392,6 @@ def scale_rewards(
     return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
 
 
-def rank_seed(seed: int, rank: int) -> int:
-    """Rank 0 samples from `seed` (as ppo_continuous.py does); rank r > 0 from a hash of (seed, r), so no
-    rank of one run shares a stream with a rank of a run with another seed (seed + r would)."""
-    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] % 2**31)
-
-
 def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
     return {
@@ -419,14 +426,17 @@ def train(
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
         ckpt = box[0]
-    seed_everything(rank_seed(args.seed, rank), args.torch_deterministic)
+    seed_everything(args.seed, args.torch_deterministic, rank)  # this rank's streams (rank 0: ppo_continuous.py's)
 
-    # Rank r's envs get seeds seed + r*num_envs (+ i for sub-env i of a Gymnasium id): no two envs of the
-    # world share a seed. Rank 0 alone evaluates (fresh starts per evaluation, seeded apart from these).
+    # Rank r's envs get their own stream, hashed from (seed, r) (+ i for sub-env i of a Gymnasium id): no two envs
+    # of the world or of runs with other seeds share one. Rank 0 alone evaluates (fresh starts per evaluation).
     eval_envs = (
-        build_env(args, "eval_env_kwargs", args.num_eval_envs, args.seed + 10_000, device) if rank == 0 else None
+        build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
+        if rank == 0
+        else None
     )
-    envs = build_env(args, "env_kwargs", args.num_envs, args.seed + rank * args.num_envs, device, like=eval_envs)
+    env_seed = stream_seed(args.seed, "train_envs", rank)
+    envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
     obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
     if ckpt is not None:
@@ -462,7 +472,7 @@ def train(
         policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
     global_step, start_iteration, resume_note = 0, 1, ""
-    next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
+    next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
         optimizer.load_state_dict(ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
@@ -503,6 +513,7 @@ def train(
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
+            "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
             "world_size": world_size,
             **pieces[0],
             "other_ranks": pieces[1:],
@@ -573,6 +584,7 @@ def train(
                     watch.check(global_step, args.num_envs * args.action_chunk * world_size, where=f"rank {rank} ")
                     fail("", show=False)
                 rollout_stats.sums = summed[:-2]
+                rollout_stats.env_steps *= world_size  # the reward terms are summed over every rank's env steps
                 global_step += batch_size * args.action_chunk * world_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----

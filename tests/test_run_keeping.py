@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cleanrl_embodied import ppo_continuous, ppo_ddp
+from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.evaluation import evaluate, evaluation_seed
-from cleanrl_embodied.shared.runtime import SkipGuard
+from cleanrl_embodied.shared.runtime import SkipGuard, seed_everything, stream_seed
 
 TINY = dict(
     num_envs=8,
@@ -31,7 +31,9 @@ TINY = dict(
 def test_every_evaluation_starts_from_fresh_reproducible_starts():
     seeds = {evaluation_seed(1, step) for step in range(0, 100_000, 80)}
     assert len(seeds) == 1250  # one per evaluation, none repeated
-    assert not seeds & set(range(1, 1 + 100_000))  # ... and none among the training envs' seeds 1, 2, ...
+    assert not seeds & set(range(1, 1 + 100_000))  # ... none among small seeds ...
+    train = {stream_seed(1, "train_envs", rank) + i for rank in range(4) for i in range(256)}
+    assert not seeds & train  # ... and none among the training envs' (4 ranks of 256 envs)
     env = make_env("PushCubeRL", num_envs=4, seed=0)
     first_obs = []
     act = lambda obs, gen: torch.zeros(obs.shape[0], env.single_action_space.shape[0])  # noqa: E731
@@ -43,9 +45,11 @@ def test_every_evaluation_starts_from_fresh_reproducible_starts():
 
 def test_ranks_sample_from_streams_no_other_run_uses():
     sweep = [(seed, rank) for seed in range(1, 9) for rank in range(4)]
-    streams = [ppo_ddp.rank_seed(seed, rank) for seed, rank in sweep]
+    streams = [stream_seed(seed, "torch", rank) for seed, rank in sweep]  # what ppo_ddp's rank samples from
     assert len(set(streams)) == len(sweep)  # rank r of seed s is not rank 0 of seed s + r
-    assert all(ppo_ddp.rank_seed(seed, 0) == seed for seed in range(1, 9))  # rank 0 = ppo_continuous's stream
+    for seed in range(1, 9):  # rank 0 = ppo_continuous's stream (seed_everything without a rank)
+        seed_everything(seed, True)
+        assert torch.initial_seed() == stream_seed(seed, "torch", 0)
 
 
 def test_a_resume_without_env_state_starts_the_return_traces_afresh(tmp_path):

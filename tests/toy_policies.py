@@ -129,3 +129,26 @@ def without_forward(obs_space, act_space, args):
             return self.inner.get_value(obs)
 
     return NoForward()
+
+
+def nan_loss_after(obs_space, act_space, args, after: int = 4):
+    """An Agent whose training forwards (grad enabled) give NaN action means from the ``after + 1``-th on, so every
+    optimizer step after the first ``after`` is skipped; rollouts and evaluations stay finite."""
+    calls = [0]
+
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] > after:
+                return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
+        return d
+
+    return _with_hook(args, hook, obs_space, act_space)
+
+
+def frozen_backbone(obs_space, act_space, args, width: int = 256):
+    """The trainer's Agent plus a frozen ``width x width`` layer (``requires_grad`` off), standing in for a large
+    pretrained backbone that is not trained (e.g. a VLA fine-tuned with LoRA): its weights never change."""
+    agent = _agent_class(args)(obs_space, act_space, args)
+    agent.backbone = torch.nn.Linear(width, width).requires_grad_(False)
+    return agent

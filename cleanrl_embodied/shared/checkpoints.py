@@ -8,31 +8,171 @@ safely and says, in one line, why a file cannot serve the run at hand. Files are
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import random
 from collections.abc import Iterable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import load_env_creator
 
-from cleanrl_embodied.shared.cli import fail, flag
+from cleanrl_embodied.shared.cli import env_kwargs_for, fail, flag
+from cleanrl_embodied.shared.envs import BUILTIN_ENVS, resolve_env_id
+from cleanrl_embodied.shared.envs.wrappers import FlattenDictObservation
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
-__all__ = ["check_dims", "load_checkpoint", "note_schedule_change", "rng_state", "set_rng_state"]
+__all__ = [
+    "HARMLESS_ENV_KWARGS",
+    "check_dims",
+    "env_record",
+    "load_checkpoint",
+    "note_schedule_change",
+    "observation_layout",
+    "rng_state",
+    "set_rng_state",
+]
+
+HARMLESS_ENV_KWARGS = ("randomize_interval", "info_keys", "render_mode", "max_episode_steps")
+"""Env options that change neither what a policy sees nor what its actions mean, whatever the env: a checkpoint may
+be resumed or evaluated with other values. For the built-in tasks (PushCubeRL, PushCubeLangRL) only their
+``INTERFACE_KWARGS`` (and ``flatten_obs``) must match; for every other id (whose options this code cannot judge)
+every option but these."""
 
 
 def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (list, tuple)) else value
+    """``value`` with tuples as lists and NumPy scalars as Python numbers, nested (what JSON and a saved
+    checkpoint give back), so that equal settings compare equal."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _leaves(space: gym.Space, prefix: tuple[str, ...] = ()) -> list[list]:
+    """[key path, shape, dtype] of every leaf of an observation space, in sorted key-path order."""
+    if isinstance(space, gym.spaces.Dict):
+        return sorted((leaf for key, sub in space.spaces.items() for leaf in _leaves(sub, (*prefix, key))))
+    return [["/".join(prefix), list(space.shape), str(space.dtype)]]
+
+
+def observation_layout(envs) -> dict:
+    """What a policy of ``envs`` is fed: the observation's leaves (``[key path, shape, dtype]`` in sorted key-path
+    order, the order in which flattening and the trainers' state vectors concatenate them; one leaf with path ""
+    for a Box) and whether make_env ``flattened`` a Dict of them into one vector."""
+    env = envs
+    while not isinstance(env, FlattenDictObservation) and env is not env.unwrapped and hasattr(env, "env"):
+        env = env.env
+    if isinstance(env, FlattenDictObservation):
+        return {"flattened": True, "leaves": _leaves(env.env.single_observation_space)}
+    return {"flattened": False, "leaves": _leaves(envs.single_observation_space)}
+
+
+def env_record(args: Any, envs) -> dict:
+    """What a checkpoint records of its env: the id, the options its training and eval envs were built with (as
+    dicts: ``--env-kwargs``, and what the eval envs got, :func:`~shared.cli.env_kwargs_for`) and the
+    :func:`observation_layout` of ``envs``."""
+    return {
+        "env_id": args.env_id,
+        "env_kwargs": env_kwargs_for(args, "env_kwargs"),
+        "eval_env_kwargs": env_kwargs_for(args, "eval_env_kwargs"),
+        "observation": observation_layout(envs),
+    }
+
+
+def _env_defaults(env_id: str) -> dict:
+    """The default of every option of ``env_id`` that can be found (its constructor's signature, a Gymnasium
+    spec's kwargs) and of make_env's own options, so that an option given with its default equals one not given."""
+    defaults = {"flatten_obs": None, "randomize_interval": None, "info_keys": ()}
+    try:
+        name = resolve_env_id(env_id)
+        if name in BUILTIN_ENVS:
+            creator, spec_kwargs = load_env_creator(BUILTIN_ENVS[name]), {}
+        else:
+            spec = gym.spec(name)
+            creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+            spec_kwargs = spec.kwargs
+        # a class's defaults include its bases' (PushCubeLangRLVecEnv passes the rest on to PushCubeRLVecEnv)
+        for fn in [c.__init__ for c in reversed(creator.__mro__)] if inspect.isclass(creator) else [creator]:
+            params = inspect.signature(fn).parameters.items()
+            defaults.update({k: p.default for k, p in params if p.default is not inspect.Parameter.empty})
+        defaults.update(spec_kwargs)
+    except Exception:  # noqa: BLE001 - unknown defaults: options are then compared as given
+        pass
+    return defaults
+
+
+def _env_differences(env_id: str, theirs: dict, ours: dict) -> list[tuple[str, Any, Any, bool]]:
+    """(option, their value, our value, whether it changes what the policy sees or what its actions mean) for every
+    option whose value differs (a default counts as given; ``"<not given>"`` where none is known)."""
+    if resolve_env_id(env_id) in BUILTIN_ENVS:
+        from cleanrl_embodied.shared.envs.push_cube import INTERFACE_KWARGS
+
+        interface = lambda key: key in (*INTERFACE_KWARGS, "flatten_obs")  # noqa: E731
+    else:
+        interface = lambda key: key not in HARMLESS_ENV_KWARGS  # noqa: E731
+    defaults, differences = _env_defaults(env_id), []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = (_plain(d.get(key, defaults.get(key, "<not given>"))) for d in (theirs, ours))
+        if a != b:
+            differences.append((key, a, b, interface(key)))
+    return differences
+
+
+def _check_env(ckpt: dict, path: str, flag_name: str, args: Any, kwargs_flag: str, show: bool) -> None:
+    """Refuse, in one line, a checkpoint whose env had other options that change what the policy sees or what its
+    actions mean than this run's ``args.<kwargs_flag>``; name the allowed differences in a note. An
+    ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written before they recorded
+    their env (issue 28) are checked against the options in their ``args``."""
+    record = ckpt.get("env") or {
+        key: json.loads(ckpt["args"].get(key) or "{}") for key in ("env_kwargs", "eval_env_kwargs")
+    }
+    ours = env_kwargs_for(args, kwargs_flag)
+    theirs = [("--env-kwargs", record["env_kwargs"])]
+    if flag_name == "eval_checkpoint":
+        theirs.append(("--eval-env-kwargs", record["eval_env_kwargs"]))
+    differences = [(their_flag, _env_differences(args.env_id, kwargs, ours)) for their_flag, kwargs in theirs]
+    if any(not found for _, found in differences):
+        return
+    for their_flag, found in differences:
+        if not any(interface for *_, interface in found):
+            if show:
+                changes = ", ".join(f"{key} {a!r} -> {b!r}" for key, a, b, _ in found)
+                print(
+                    f"note: {flag(flag_name)} {path}: env options differ from its {their_flag}: {changes} (allowed: "
+                    "they change neither what the policy sees nor what its actions mean)",
+                    flush=True,
+                )
+            return
+    their_flag, found = differences[0]
+    key, a, b, _ = next(d for d in found if d[3])
+    fail(
+        f"{flag(flag_name)} {path}: its env had {key}={a!r} ({their_flag}), this run's {flag(kwargs_flag)} give "
+        f"{key}={b!r}; that changes what the policy sees or what its actions mean: pass the same value",
+        show,
+    )
 
 
 def load_checkpoint(
-    path: str, flag_name: str, scripts: Iterable[str], args: Any, same: Iterable[str], show: bool = True
+    path: str,
+    flag_name: str,
+    scripts: Iterable[str],
+    args: Any,
+    same: Iterable[str],
+    show: bool = True,
+    env_kwargs: str | None = "env_kwargs",
 ) -> dict:
     """Load ``path`` on the CPU (``weights_only=True``) and check it can serve this run.
 
     ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry); ``same``: Args fields
-    that must equal the checkpoint's (each mismatch is one line naming the flag). Fails with one line for
-    a missing or unreadable file, another trainer's checkpoint or a mismatch.
+    that must equal the checkpoint's (each mismatch is one line naming the flag); ``env_kwargs``: the Args field
+    (``"env_kwargs"`` or ``"eval_env_kwargs"``) with the env options this run uses the checkpoint's policy in,
+    which must agree with the checkpoint's on everything that changes what the policy sees or what its actions
+    mean (see :data:`HARMLESS_ENV_KWARGS`; None: not checked). Fails with one line for a missing or unreadable
+    file, another trainer's checkpoint or a mismatch.
     """
     scripts = tuple(scripts)
     try:
@@ -58,6 +198,8 @@ def load_checkpoint(
                 "pass the same value",
                 show,
             )
+    if env_kwargs is not None:
+        _check_env(ckpt, path, flag_name, args, env_kwargs, show)
     return ckpt
 
 
@@ -71,20 +213,46 @@ def load_start(
     flag_name, path = ("resume", args.resume) if args.resume else ("eval_checkpoint", args.eval_checkpoint)
     if not path or not read:
         return None, flag_name
-    return load_checkpoint(path, flag_name, scripts, args, same + (resume_same if args.resume else ())), flag_name
+    same, env_kwargs = (same + resume_same, "env_kwargs") if args.resume else (same, "eval_env_kwargs")
+    return load_checkpoint(path, flag_name, scripts, args, same, env_kwargs=env_kwargs), flag_name
+
+
+def _describe_leaf(leaf: list | None) -> str:
+    return "nothing" if leaf is None else f"{leaf[0] or '(a vector)'} {tuple(leaf[1])} {leaf[2]}"
 
 
 def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -> tuple[int, int]:
     """The flat observation size and the action size of ``envs``; fails with one line if a checkpoint, given
-    as ``(ckpt, flag_name)`` (``ckpt`` None: nothing loaded), was saved for an env with other sizes."""
-    obs_dim, act_dim = flat_dim(envs.single_observation_space), envs.single_action_space.shape[0]
+    as ``(ckpt, flag_name)`` (``ckpt`` None: nothing loaded), was saved for an env with other sizes, or, where it
+    recorded its env's :func:`observation_layout`, with other observation entries (keys, order, shapes, dtypes)."""
+    obs_dim, act_dim = flat_dim(envs.single_observation_space), int(np.prod(envs.single_action_space.shape))
+    layout = None
     for ckpt, flag_name in checkpoints:
-        if ckpt is not None and (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
+        if ckpt is None:
+            continue
+        if (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
             fail(
                 f"{flag(flag_name)}: the checkpoint has observation/action sizes {ckpt['obs_dim']}/{ckpt['act_dim']}, "
                 f"the env here {obs_dim}/{act_dim} (pass the env options it was trained with)",
                 show,
             )
+        theirs = (ckpt.get("env") or {}).get("observation")
+        layout = layout or _plain(observation_layout(envs))
+        if theirs is None or _plain(theirs) == layout:
+            continue
+        theirs = _plain(theirs)
+        if theirs["flattened"] != layout["flattened"]:
+            what = "observations were " + (
+                "flattened into one vector, here they are not"
+                if theirs["flattened"]
+                else "not flattened, here they are"
+            )
+        else:
+            n = max(len(theirs["leaves"]), len(layout["leaves"]))
+            there, here = ([*leaves, *[None] * (n - len(leaves))] for leaves in (theirs["leaves"], layout["leaves"]))
+            i = next(i for i in range(n) if there[i] != here[i])
+            what = f"observation entry {i} is {_describe_leaf(there[i])} there, {_describe_leaf(here[i])} here"
+        fail(f"{flag(flag_name)}: the checkpoint's {what} (pass the env options it was trained with)", show)
     return obs_dim, act_dim
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,8 @@ def check_args(
     positive: Iterable[str] = (),
     non_negative: Iterable[str] = (),
     at_most_one: Iterable[str] = (),
+    finite: Iterable[str] = (),
+    may_be_inf: Iterable[str] = (),
     sizes: Iterable[str] = ("hidden_sizes",),
     minibatches_of: int | None = None,
     json_objects: Iterable[str] = (),
@@ -120,14 +123,28 @@ def check_args(
 ) -> None:
     """The checks every trainer makes, each failing with one line naming the flag: fields that must be
     > 0 (None skips), >= 0, <= 1 (discounts, lambdas), non-empty tuples of positive integers (layer sizes),
-    JSON objects (env kwargs), paths of existing files (None skips), a known env id. ``minibatches_of``: the
-    number of samples ``--num-minibatches`` must cut into equal minibatches of at least 2 (advantages are
-    normalized per minibatch). For a `RunArgs`, its own fields are checked too."""
+    JSON objects (env kwargs), paths of existing files (None skips), a known env id. Every number named in
+    ``positive``, ``non_negative``, ``at_most_one`` or ``finite`` must be finite (NaN never passes; ``inf`` only
+    for the fields in ``may_be_inf``, where it means "no limit"). ``minibatches_of``: the number of samples
+    ``--num-minibatches`` must cut into equal minibatches of at least 2 (advantages are normalized per
+    minibatch). For a `RunArgs`, its own fields are checked too (``--seed`` >= 0, ``--resume`` and
+    ``--eval-checkpoint`` not together)."""
     if isinstance(args, RunArgs):
         positive = ("num_eval_envs", "num_eval_episodes", "max_consecutive_skips", *positive)
-        non_negative = ("eval_freq", "save_freq", *non_negative)
+        non_negative = ("seed", "eval_freq", "save_freq", *non_negative)
         json_objects = ("env_kwargs", "eval_env_kwargs", "policy_kwargs", *json_objects)
         files = ("resume", "eval_checkpoint", *files)
+        if args.resume and args.eval_checkpoint:  # which one would be evaluated, under which name?
+            fail(
+                "--resume and --eval-checkpoint exclude each other: --eval-checkpoint evaluates a checkpoint and "
+                "exits, --resume continues training one; pass one of them",
+                show,
+            )
+    may_be_inf = set(may_be_inf)
+    for name in dict.fromkeys((*positive, *non_negative, *at_most_one, *finite)):
+        value = getattr(args, name)
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and name not in may_be_inf)):
+            fail(f"{flag(name)} must be a finite number, got {value}", show)
     for name in positive:
         value = getattr(args, name)
         if value is not None and not value > 0:

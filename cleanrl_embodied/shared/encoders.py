@@ -8,6 +8,7 @@ import math
 import gymnasium as gym
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared.language import VOCAB_SIZE
@@ -18,6 +19,10 @@ def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+MIN_IMAGE_SIZE = 36
+"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
 
 
 def needs_encoder(space: gym.Space) -> bool:
@@ -45,9 +50,11 @@ class InstructionEncoder(nn.Module):
 class PixelEncoder(nn.Module):
     """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
     [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
-    ManiSkill pixel baselines; H, W >= 36) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's
-    trunk), each instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized)
-    float entries ``state``. Orthogonal init with gain sqrt(2), zero biases.
+    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
+    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
+    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
+    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
+    those of a 36-pixel image.
 
     The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
     them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
@@ -55,8 +62,11 @@ class PixelEncoder(nn.Module):
 
     def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
         super().__init__()
-        self.keys, self.cnns = list(image_spaces(obs_space)), nn.ModuleList()
+        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
         for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+            self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
+            height, width = height + pad_h, width + pad_w
             convs = nn.Sequential(
                 _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
                 nn.ReLU(),
@@ -75,6 +85,9 @@ class PixelEncoder(nn.Module):
         self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
-        images = [cnn(obs.get(key).float() / 255.0) for key, cnn in zip(self.keys, self.cnns)]
+        images = [
+            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
+            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+        ]
         texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
         return torch.cat([*images, *texts, state], -1)

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, decode_instructions
 from cleanrl_embodied.shared.logging import RunLogger
+from cleanrl_embodied.shared.runtime import stream_seed
 
 __all__ = ["Evaluator", "caption", "evaluate", "evaluation_seed"]
 
@@ -23,10 +24,10 @@ Act = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 
 def evaluation_seed(seed: int, global_step: int) -> int:
-    """The reset seed of the evaluation at ``global_step``: a hash of (seed, step), so every evaluation
-    starts from fresh episodes, the same ones in a rerun or a resumed run, and none shares the training
-    envs' seeds (seed, seed + 1, ...)."""
-    return int(np.random.SeedSequence([seed, 10_000, global_step]).generate_state(1)[0] % 2**31)
+    """The reset seed of the evaluation at ``global_step`` of the run with seed ``seed``: its own stream hashed
+    from (seed, step) (``stream_seed(seed, "eval_resets", step)``), so every evaluation starts from fresh episodes,
+    the same ones in a rerun or a resumed run, unrelated to the training envs' streams."""
+    return stream_seed(seed, "eval_resets", global_step)
 
 
 @torch.no_grad()
@@ -34,8 +35,9 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     """Run ``num_episodes`` episodes (each of the N eval envs contributes its first ceil(num_episodes / N)
     completed ones) and average return, length, success and the env's ``info["metrics"]``.
 
-    ``act(obs, generator)`` returns the actions; sampling policies draw from ``generator`` (seeded from
-    ``seed``), so evaluating never touches the training run's random streams. With ``video_frames`` a
+    ``act(obs, generator)`` returns the actions; sampling policies draw from ``generator``, seeded from ``seed``
+    by its own stream (``stream_seed(seed, "eval_actions")``: not the env's ``seed`` itself, whose generator draws
+    the starts), so evaluating never touches the training run's random streams. With ``video_frames`` a
     list, the first env's frames of its first episode are appended (``None`` where it can't render; every env
     step's frame with action chunks). ``success_rate`` is None for envs without a success signal; envs with
     several tasks (``metadata["task_names"]``) add ``success_rate/<task>`` over the episodes of each task, and
@@ -43,7 +45,7 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     """
     obs, _ = env.reset(seed=seed)
     device = obs.device
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(stream_seed(seed, "eval_actions"))
     n = env.num_envs
     per_env = -(-num_episodes // n)  # ceil
     task_names = tuple(env.metadata.get("task_names") or ())

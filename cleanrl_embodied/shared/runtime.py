@@ -1,5 +1,5 @@
-"""What a running trainer needs besides its algorithm: seeding, the device, the stop flag (Ctrl-C, SIGTERM) and
-the watch for non-finite env data."""
+"""What a running trainer needs besides its algorithm: the random streams, the device, the stop flag (Ctrl-C,
+SIGTERM) and the watch for non-finite env data."""
 
 from __future__ import annotations
 
@@ -15,7 +15,30 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.tensordict_helpers import finite_rows
 
-__all__ = ["NonFiniteWatch", "StopFlag", "pick_device", "seed_everything"]
+__all__ = ["STREAMS", "NonFiniteWatch", "StopFlag", "pick_device", "seed_everything", "stream_seed"]
+
+STREAMS = {
+    "torch": "torch's global generator: network init, action sampling in rollouts, minibatch shuffles (per rank)",
+    "python": "Python's `random` module (per rank; the trainers draw nothing from it)",
+    "numpy": "NumPy's global generator (per rank; the trainers draw nothing from it)",
+    "train_envs": "the training envs (per rank; Gymnasium sub-env i gets this seed + i)",
+    "eval_envs": "the eval envs' construction (every evaluation then resets them with an eval_resets seed)",
+    "eval_resets": "the reset of the evaluation at a global step (fresh, reproducible starts)",
+    "eval_actions": "sampled eval actions (--no-eval-deterministic), one stream per evaluation",
+    "collector": "ppo_async's collector thread: its action sampling",
+    "group_resets": "grpo's group starts of an iteration",
+}
+"""The run's independent random streams and what each drives (docs/RUNS.md). Each is seeded by
+:func:`stream_seed`, never by ``--seed`` itself."""
+
+
+def stream_seed(seed: int, stream: str, index: int = 0) -> int:
+    """The seed of one random stream of the run with ``--seed`` ``seed``: NumPy's ``SeedSequence(seed)`` spawned
+    with the key (the stream's number in :data:`STREAMS`, ``index``), ``index`` being the rank, a global step or
+    an iteration. Distinct streams, indices and run seeds give unrelated seeds (a hash, not ``seed + k``, so seed 2
+    never replays a stream of seed 1); 30 bits, so that envs can add their sub-env index."""
+    key = (list(STREAMS).index(stream), index)
+    return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1)[0] >> 2)
 
 
 def pick_device(cuda: bool) -> torch.device:
@@ -23,11 +46,12 @@ def pick_device(cuda: bool) -> torch.device:
     return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
 
 
-def seed_everything(seed: int, torch_deterministic: bool) -> None:
-    """Seed Python, NumPy and torch (all devices) with ``seed``; cuDNN deterministic if asked."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def seed_everything(seed: int, torch_deterministic: bool, rank: int = 0) -> None:
+    """Seed Python, NumPy and torch (all devices) of this process (``rank``) from the run's ``seed``, each from
+    its own :func:`stream_seed`; cuDNN deterministic if asked."""
+    random.seed(stream_seed(seed, "python", rank))
+    np.random.seed(stream_seed(seed, "numpy", rank))
+    torch.manual_seed(stream_seed(seed, "torch", rank))
     torch.backends.cudnn.deterministic = torch_deterministic
 
 

@@ -253,9 +253,13 @@ def env_state_dict(env: VectorEnv) -> dict | None:
 
 
 def load_env_state_dict(env: VectorEnv, state: dict) -> None:
-    """Restore what :func:`env_state_dict` returned into an env built by the same ``make_env`` call."""
+    """Restore what :func:`env_state_dict` returned into an env built by the same ``make_env`` call. A wrapper the
+    saved env did not have (e.g. ``randomize_interval`` added on a resume) starts as built; the saved state of a
+    wrapper this env lacks is ignored. The raw env's own state must be there."""
     for layer in _layers(env):
         if hasattr(layer, "load_state_dict"):
             if type(layer).__name__ not in state:
+                if layer is not env.unwrapped:
+                    continue
                 raise KeyError(f"env state has no entry for {type(layer).__name__} (it has {sorted(state)})")
             layer.load_state_dict(state[type(layer).__name__])

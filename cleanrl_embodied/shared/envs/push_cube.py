@@ -55,7 +55,7 @@ from cleanrl_embodied.shared.language import INSTRUCTION_KEY, encode_instruction
 CONTROL_DT = 0.05  # seconds per control step (20 Hz)
 JOINT_DELTA_SCALE = 0.1  # default radians per control step at action magnitude 1 (action_mode="joint_delta")
 EE_DELTA_SCALE = 0.05  # default metres of TCP motion per control step at action 1 (action_mode="ee_delta_pos")
-MAX_LIFT = 0.1  # largest joint correction (rad) per step that keeps the TCP on its support
+MAX_LIFT = 0.1  # largest joint correction (rad) per step that keeps the TCP on its support (arm_limits=False)
 TCP_RADIUS = 0.01  # metres
 REST_QPOS_NOISE = 0.02  # half-width of the uniform noise added to the rest pose at reset (radians)
 PUSH_POINT_MARGIN = 0.005  # the reward's push point lies this far behind the TCP-cube contact
@@ -102,6 +102,12 @@ TASKS = {
 }
 LANG_TASKS = ("forward", "left", "back", "right")  # PushCubeLangRL's default
 DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observation
+
+# The constructor options that define what a policy sees (the observation's layout and frame) and what its actions
+# mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
+# noise, rewards, episode ends, goals, cameras) may change (shared/checkpoints.py).
+INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "cube_dynamics",
+                    "base_pos", "tasks", "instruction_length")  # fmt: skip
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -659,10 +665,12 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         root = torch.sqrt(limits["twice_change"] * distance) - limits["half_change"]
         return torch.maximum(root, torch.minimum(distance, limits["change"]))
 
-    def _limit_joint_step(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _limit_joint_step(self, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The joint displacement [N, 7] of this control step under the Panda's velocity and acceleration
-        limits, for a commanded displacement ``step`` (the arm holds one velocity over the step), and the
-        slowest displacement those limits allow (the one the TCP speed cap may fall back to).
+        limits, for a commanded displacement ``step`` (the arm holds one velocity over the step), the
+        slowest displacement those limits allow (the one the TCP speed cap may fall back to), and the bounds
+        ``(low, high)`` [N, 7] every displacement of this step must keep (the limits, and braking before the
+        joint limits as in 1.), which contain both.
 
         1. Stoppable: a joint that must be able to stop at the step's target, or before its position limit
            if nearer (distance ``d``), with deceleration ``a_max`` moves at most ~``sqrt(2 a_max d)``, so a
@@ -687,7 +695,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         high = torch.maximum(high, low)  # a velocity above the limit (a loaded state) slows down at a_max
         step = torch.minimum(torch.maximum(step, low), high)
         slowest = torch.minimum(torch.maximum(low, limits["zero"]), high)
-        return step, slowest
+        # bounds that also brake before the joint limits (the commanded step already does, and slowest moves
+        # toward a limit only when it can no longer brake in time anyway, as low or high then does)
+        high = torch.minimum(torch.maximum(self._stoppable(self._joint_upper_full - qpos), low), high)
+        low = torch.minimum(torch.maximum(-self._stoppable(qpos - self._joint_lower_full), low), high)
+        high = torch.maximum(torch.maximum(high, step), slowest)
+        low = torch.minimum(torch.minimum(low, step), slowest)
+        return step, slowest, low, high
 
     def _cap_tcp_speed(self, step, slowest, tcp_target, jacobian) -> tuple[torch.Tensor, torch.Tensor]:
         """Shrink the joint step toward ``slowest`` (so the acceleration limit still holds) until the TCP moves
@@ -719,15 +733,18 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         """Apply the joint step; a TCP that would sink below its support slides along it instead.
 
         The joint step is the action's command, limited (``_limit_joint_step``, with ``arm_limits``) and
-        clipped to the joint limits; with ``arm_limits`` it is then shrunk so that the TCP moves at most
-        ``max_tcp_speed * dt`` (``_cap_tcp_speed``).
+        clipped to the joint limits.
 
         The support is the table, or the cube's top face when coming down onto it. A commanded
-        configuration that puts the TCP below the support is corrected by one Newton step on the
-        TCP height (the smallest joint change that lifts it back, from the height's gradient), so
-        the vertical part of the motion is removed and the horizontal part kept (a frictionless
-        surface). The small residual of that linear step is clamped on the TCP position. (The gradient is
-        taken at the target pose, or at the current pose in ee_delta_pos mode, which has that Jacobian.)
+        configuration that puts the TCP below the support is corrected along the TCP height's gradient (the
+        smallest joint change that lifts it back), so the vertical part of the motion is removed and the
+        horizontal part kept (a frictionless surface). With ``arm_limits`` the correction is part of the limited
+        step (``_lift_within_limits``: the velocity and acceleration limits hold at contact too, and the TCP
+        brakes before a surface it comes down on), applied to the step and to the slowest one, and the TCP
+        speed cap then picks a step between those two (``_cap_tcp_speed``). Without the limits it is one Newton
+        step of at most ``MAX_LIFT`` per joint. The residual of the linear correction (and, with the limits, the
+        part they cannot stop in time, under 1 cm) is clamped on the TCP position. (The gradient is taken at the
+        target pose, or at the current pose in ee_delta_pos mode, which has that Jacobian.)
 
         Kinematics run joint-major (joint angles [7, N], positions as rows x, y, z [3, N], the Jacobian
         [3, 7, N]), where the per-joint ops are contiguous; the state keeps its [N, 7] and [N, 3] layout.
@@ -735,25 +752,61 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         qpos_before = self.qpos
         step, jacobian = self._joint_step_command(actions)
         if self.arm_limits:
-            step, slowest = self._limit_joint_step(step)  # both brake before the joint limits
+            step, slowest, low, high = self._limit_joint_step(step)  # both brake before the joint limits
         qpos_target = self._clip_to_limits(qpos_before + step)
         if jacobian is None:
             tcp_target, jacobian = franka.tcp_position_and_jacobian_rows(qpos_target.T.contiguous(), self.base_pos)
         else:  # ee_delta_pos: the Jacobian at the current pose serves the lift's Newton step too
             tcp_target = franka.tcp_position_rows(qpos_target.T.contiguous(), self.base_pos)
-        if self.arm_limits:
-            step, tcp_target = self._cap_tcp_speed(step, slowest, tcp_target, jacobian)
-            qpos_target = self._clip_to_limits(qpos_before + step)
         min_z = self._support_height(self.tcp_pos, tcp_target) + TCP_RADIUS
-        shortfall = (min_z - tcp_target[2]).clamp_min(0.0)
         height_gradient = jacobian[2]  # [7, N]
-        gradient_sq = (height_gradient * height_gradient).sum(0).clamp_min(1e-6)
-        lift = (height_gradient * (shortfall / gradient_sq)).clamp(-MAX_LIFT, MAX_LIFT)
-        self.qpos = self._clip_to_limits(qpos_target + lift.T)
+        if self.arm_limits:  # the lift is part of the step, within the limits; then the TCP speed cap
+            gradient = height_gradient.T.contiguous()
+            lifted = self._lift_within_limits(step, low, high, gradient, tcp_target[2], min_z)
+            slowest_z = tcp_target[2] + (gradient * (slowest - step)).sum(-1)  # first order
+            slowest = self._lift_within_limits(slowest, low, high, gradient, slowest_z, min_z)
+            tcp_target = tcp_target + franka.sum_joints((jacobian * (lifted - step).T.contiguous()).movedim(1, 0))
+            step, _ = self._cap_tcp_speed(lifted, slowest, tcp_target, jacobian)  # between two lifted steps
+            self.qpos = self._clip_to_limits(qpos_before + step)
+        else:
+            shortfall = (min_z - tcp_target[2]).clamp_min(0.0)
+            gradient_sq = (height_gradient * height_gradient).sum(0).clamp_min(1e-6)
+            lift = (height_gradient * (shortfall / gradient_sq)).clamp(-MAX_LIFT, MAX_LIFT)
+            self.qpos = self._clip_to_limits(qpos_target + lift.T)
         tcp = franka.tcp_position_rows(self.qpos.T.contiguous(), self.base_pos)
         tcp[2] = torch.maximum(tcp[2], min_z)
         self.tcp_pos = tcp.T.contiguous()
         self.qvel = (self.qpos - qpos_before) / CONTROL_DT
+
+    def _lift_within_limits(self, step, low, high, gradient, z_target, min_z) -> torch.Tensor:
+        """The joint step [N, 7] nearest ``step`` along the TCP height's ``gradient`` [N, 7] (``step + lambda *
+        gradient``, each joint clamped to ``[low, high]``, lambda >= 0 as small as it can be) that keeps the TCP
+        (at height ``z_target`` [N] after ``step``, to first order) on its support at ``min_z`` [N], and, like a
+        joint before its limit (``_stoppable``), able to stop before it: coming down, the TCP descends at most
+        ``sqrt(2 C h) - C / 2`` per step at height ``h`` above the support, where ``C`` is half the height change
+        per step that the joints' acceleration limits give along the gradient. The velocity and acceleration
+        limits thus hold on every step, contact included (the lift used to be added after them).
+
+        ``R(lambda) = sum_j g_j^2 min(lambda, lambda_j)`` is the rise bought with lambda (joint j saturates at
+        ``lambda_j``, its room to its bound over |g_j|): concave and piecewise linear, so the smallest lambda with
+        ``R >= needed`` is found exactly from R at the 7 breakpoints. Where even every joint at its bound falls
+        short (a TCP too fast for a support that appears under it, e.g. the cube's top), the step rises as much
+        as the limits allow, and the TCP position is then held on the support (``_move_arm``)."""
+        limits, z_before = self._limits_full, self.tcp_pos[:, 2]
+        height = (z_before - min_z).clamp_min(0.0)
+        braking = 0.5 * (gradient.abs() * limits["change"]).sum(-1)  # C: m per step, per step
+        descent = torch.maximum(torch.sqrt(2.0 * braking * height) - 0.5 * braking, torch.minimum(height, braking))
+        needed = torch.maximum(z_before - descent, min_z) - z_target  # rise beyond the step's own, first order
+        up = torch.minimum(torch.sign(gradient) + limits["one"], limits["one"])  # 1 where gradient >= 0, else 0
+        room = torch.lerp(step - low, high - step, up)  # along +gradient, per joint
+        weight = gradient * gradient
+        saturates = room / torch.maximum(gradient.abs(), limits["tiny"])  # lambda_j
+        rise_at = (weight.unsqueeze(1) * torch.minimum(saturates.unsqueeze(2), saturates.unsqueeze(1))).sum(-1)
+        start = torch.where(rise_at < needed.unsqueeze(-1), saturates, 0.0).amax(-1)  # last breakpoint short of it
+        rise = (weight * torch.minimum(start.unsqueeze(-1), saturates)).sum(-1)
+        slope = torch.where(saturates > start.unsqueeze(-1), weight, 0.0).sum(-1)
+        lam = (start + (needed - rise) / slope.clamp_min(1e-12)).clamp_min(0.0)
+        return torch.minimum(torch.maximum(step + lam.unsqueeze(-1) * gradient, low), high)
 
     def _clip_to_limits(self, qpos: torch.Tensor) -> torch.Tensor:
         """Joint positions [N, 7] clipped to the Panda's limits."""

@@ -282,16 +282,55 @@ def info_key_filter(info_keys: Sequence[str] | str) -> tuple[bool, frozenset[str
     return info_keys == "all", frozenset(INFO_KEYS) | (frozenset() if info_keys == "all" else frozenset(info_keys))
 
 
-def numeric_info_to_torch(info: dict, tensor, passes=None) -> dict:
+def _merge_rows(top, top_mask, final, final_mask, done: np.ndarray) -> tuple:
+    """One batched info entry (an array or a dict of them, with its ``_<key>`` mask) built from ``top`` for the rows
+    that did not finish and from ``final`` for those that did (either may be None: not reported)."""
+    top_rows = top_mask & ~done if top_mask is not None else np.zeros_like(done)
+    final_rows = final_mask & done if final_mask is not None else np.zeros_like(done)
+    if isinstance(top if top is not None else final, dict):
+        top, final, merged = top or {}, final or {}, {}
+        for key in dict.fromkeys([*top, *final]):
+            if key[:1] == "_" and (key[1:] in top or key[1:] in final):
+                continue  # a mask: built with its entry
+            mask_key = f"_{key}"
+            merged[key], merged[mask_key] = _merge_rows(
+                top.get(key), top.get(mask_key), final.get(key), final.get(mask_key), done
+            )
+        return merged, top_rows | final_rows
+    value = np.zeros_like(final if final is not None else top)
+    for source, rows in ((top, top_rows), (final, final_rows)):
+        if source is not None:
+            value[rows] = source[rows]
+    return value, top_rows | final_rows
+
+
+def last_step_entries(info: dict, final_info: dict, done: np.ndarray) -> dict:
+    """``info`` (batched as Gymnasium batches it, with ``_<key>`` masks) with the contract's per-step entries
+    (:data:`INFO_KEYS`: ``rewards``, ``metrics``) of the envs that finished at this step taken from their last step
+    (``final_info``), not from the reset that followed it: Gymnasium's SAME_STEP top level is the reset's info,
+    which would report the new episode's numbers (or none) as the ended one's last terms and metrics."""
+    for key in INFO_KEYS:
+        if key in info or key in final_info:
+            mask_key = f"_{key}"
+            info[key], info[mask_key] = _merge_rows(
+                info.get(key), info.get(mask_key), final_info.get(key), final_info.get(mask_key), done
+            )
+    return info
+
+
+def numeric_info_to_torch(info: dict, tensor, passes=None, nested: bool = False) -> dict:
     """An info dict of numpy arrays -> tensors made by ``tensor`` (float64 arrays become float32 first); nested
-    dicts are converted whole, other values (object arrays, strings) dropped. ``passes(key)``: which top-level
-    entries to keep (None: all)."""
+    dicts are converted whole, except the ``_<key>`` masks Gymnasium adds next to each entry (inside ``rewards``
+    they would read as reward terms), other values (object arrays, strings) dropped. ``passes(key)``: which
+    top-level entries to keep (None: all)."""
     out = {}
     for key, value in info.items():
         if passes is not None and not passes(key):
             continue
+        if nested and key[:1] == "_" and key[1:] in info:
+            continue
         if isinstance(value, dict):
-            out[key] = numeric_info_to_torch(value, tensor)
+            out[key] = numeric_info_to_torch(value, tensor, nested=True)
         elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
             out[key] = tensor(value.astype(np.float32) if value.dtype == np.float64 else value)
     return out
@@ -306,7 +345,9 @@ class GymnasiumToTorch(RenderFirstEnv):
     ``success`` (bool ``[N]``) once the sub-envs have reported ``"success"`` or ``"is_success"``, and of the
     sub-envs' own info entries only ``rewards`` and ``metrics`` (:data:`INFO_KEYS`) plus those named in
     ``info_keys`` (``"all"``: every numeric one), batched as Gymnasium batches them (an ``[N]`` tensor and its
-    ``_<key>`` mask; for an env that finished at this step, the entry its reset gave). Other entries (MuJoCo's
+    ``_<key>`` mask; for an env that finished at this step, the entry its reset gave, except ``rewards`` and
+    ``metrics``: those describe its last step, see :func:`last_step_entries`; the terms inside them come without
+    Gymnasium's masks). Other entries (MuJoCo's
     ``x_position``, ``reward_ctrl``, ...) are not converted: each one costs an array, a mask and two tensors
     per step (HalfCheetah's four: a third of its one-env physics step), and no trainer reads them. ``render()``
     renders only the first sub-env (all of them in async mode, where sub-envs can't be reached one by one).
@@ -601,7 +642,8 @@ class GymnasiumToTorch(RenderFirstEnv):
                 if key in info:
                     success[i] = info[key]
 
-        # The passed-on entries, batched as SyncVectorEnv batches them (a finished env's from its reset's info)
+        # The passed-on entries, batched as SyncVectorEnv batches them (a finished env's from its reset's info,
+        # except rewards and metrics, which describe its last step: see last_step_entries)
         batched: dict = {}
         keys, all_info = self._info_keys, self._all_info
         for i, info in enumerate(infos):
@@ -610,6 +652,14 @@ class GymnasiumToTorch(RenderFirstEnv):
                 wanted = {k: v for k, v in top.items() if k != key and (all_info or k in keys)}
                 if wanted:
                     self.env._add_info(batched, wanted, i)
+        if resets:
+            final: dict = {}
+            for i in resets:
+                last = {k: infos[i][k] for k in INFO_KEYS if k in infos[i]}
+                if last:
+                    self.env._add_info(final, last, i)
+            if final or not batched.keys().isdisjoint(INFO_KEYS):
+                last_step_entries(batched, final, terminated | truncated)
         out = self._info_to_torch(batched, select=False) if batched else {}
         return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, bool(resets))
 
@@ -664,6 +714,8 @@ class GymnasiumToTorch(RenderFirstEnv):
         final_info = info.pop("final_info", None) or {}
         info.pop("_final_info", None)
         success = self._pop_success(info, final_info, terminated | truncated)
+        if final_info:
+            last_step_entries(info, final_info, terminated | truncated)
         final_rows = {i: final_obs[i] for i in np.flatnonzero(terminated | truncated)} if final_obs is not None else {}
         obs_t, final_t = self._obs_outputs(obs, final_rows)
         out = self._info_to_torch(info) if info else {}
