@@ -12,8 +12,8 @@ import grpo_test_helpers  # noqa: F401 - the --policy factories and envs of thes
 import gymnasium as gym
 import numpy as np
 import pytest
-import toy_policies
 import torch
+import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 

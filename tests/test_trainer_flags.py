@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-import toy_policies
 
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
