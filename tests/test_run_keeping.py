@@ -3,6 +3,7 @@ the one failure style."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import ppo_continuous, ppo_ddp
 from cleanrl_embodied.shared import make_env
@@ -126,13 +128,36 @@ def test_the_skip_guard_counts_refusals_and_stops_only_on_a_run_of_them():
     )
 
 
-def test_reward_terms_are_logged_as_iteration_means(tmp_path):
-    """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log their mean per env step,
-    and with the default weights the terms add up to the reward."""
-    out = ppo_continuous.main(ppo_continuous.Args(output_dir=str(tmp_path), total_timesteps=2 * 80, **TINY))
-    train = json.loads((Path(out["run_dir"]) / "summary.json").read_text())["train"]
-    terms = {k: v for k, v in train.items() if k.startswith("rewards/")}
-    assert {"rewards/reach", "rewards/place"} <= set(terms), sorted(train)
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"])
+def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
+    """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log each term's mean per env
+    step of the iteration. A policy that always acts 0.5 (toy_policies:still) makes the action-rate term
+    -|a_t - a_(t-1)|^2 = -7 * 0.25 at the first step of every episode (a_(-1) = 0) and 0 at the others; with
+    4-step episodes, iteration 1 (steps 1-6) has two episode starts, iteration 2 (steps 7-12) one; GRPO starts
+    every iteration afresh. And with the default weights the terms add up to the reward."""
+    module = importlib.import_module(f"cleanrl_embodied.{name}")
+    extra = {"group_size": 2} if name == "grpo" else {"num_minibatches": 2}
+    kwargs = {
+        **TINY,
+        **extra,
+        "num_steps": 6,
+        "total_timesteps": 2 * 8 * 6,
+        "env_kwargs": json.dumps(
+            {"reward_weights": {"action_rate": 1.0}, "max_episode_steps": 4, "terminate_on_success": False}
+        ),
+        "policy": "toy_policies:still",
+        "policy_kwargs": '{"action": 0.5}',
+        "save_freq": 0,
+        "output_dir": str(tmp_path),
+    }
+    out = module.main(module.Args(**kwargs))
+    acc = EventAccumulator(out["run_dir"])
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("rewards/action_rate")]
+    starts = [2, 2] if name == "grpo" else [2, 1]
+    assert [step for step, _ in logged] == [48, 96]
+    for (_, value), n in zip(logged, starts):
+        assert value == pytest.approx(-7 * 0.25 * n / 6, rel=1e-6)
     env = make_env("PushCubeRL", num_envs=16, seed=0)
     env.reset(seed=0)
     _, reward, _, _, info = env.step(torch.zeros(16, env.single_action_space.shape[0]))

@@ -113,14 +113,14 @@ def fingerprint(module: torch.nn.Module) -> float:
     return float(sum(t.double().sum() for t in module.state_dict().values()))
 
 
-def recording(obs_space, act_space, args, rollout_ms: float = 0.0):
+def recording(obs_space, act_space, args, rollout_ms: float = 0.0, update_ms: float = 0.0):
     """An Agent that records, at every action-distribution call, which thread called it, whether it was a
-    training forward, and a fingerprint of the weights it acted with (into RECORDS)."""
+    training forward, and a fingerprint of the weights it acted with (into RECORDS, in call order); then it sleeps
+    ``rollout_ms`` (inference) or ``update_ms`` (training forward)."""
 
     def hook(agent, d):
         RECORDS.append((threading.current_thread().name, torch.is_grad_enabled(), fingerprint(agent)))
-        if not torch.is_grad_enabled():
-            time.sleep(rollout_ms / 1000)
+        time.sleep((update_ms if torch.is_grad_enabled() else rollout_ms) / 1000)
         return d
 
     return _with_hook(args, hook, obs_space, act_space)
