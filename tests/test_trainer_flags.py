@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+import toy_policies
 
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
@@ -61,3 +62,33 @@ def test_env_vectorization_decides_in_which_processes_the_sub_envs_run(tmp_path,
         assert len(others) == 4 and len([p for p in built_in if p in others]) == 4  # one worker per sub-env
     with pytest.raises(ValueError, match="--env-vectorization"):
         make_env("Pendulum-v1", num_envs=2, vectorization="threads")
+
+
+def train_calls(name: str, tmp_path: Path, **overrides) -> list[float | None]:
+    """GRAD_NORMS of a 3-iteration run: one entry per training forward (minibatch), each the norm of the gradient
+    the optimizer stepped with just before it."""
+    toy_policies.GRAD_NORMS.clear()
+    module, args = args_for(name, tmp_path, total_timesteps=3 * 4 * 10, policy="toy_policies:grad_norms", **overrides)
+    module.main(args)
+    return list(toy_policies.GRAD_NORMS)
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_target_kl_stops_the_epochs_of_an_update_early(tmp_path, name):
+    """Without --target-kl every update makes update_epochs x num_minibatches steps; with a target every epoch's
+    KL exceeds (1e-12), each update stops after its first epoch; with one no epoch reaches, none stops."""
+    full, per_epoch = 3 * TINY["update_epochs"] * TINY["num_minibatches"], 3 * TINY["num_minibatches"]
+    assert len(train_calls(name, tmp_path / "none", target_kl=None)) == full
+    assert len(train_calls(name, tmp_path / "tiny", target_kl=1e-12)) == per_epoch
+    assert len(train_calls(name, tmp_path / "huge", target_kl=1e9)) == full
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_max_grad_norm_clips_the_gradient_the_optimizer_steps_with(tmp_path, name):
+    """The gradient left on the parameters after each optimizer step (seen by the next training forward) has
+    norm --max-grad-norm where the raw one was larger, which without clipping it is."""
+    clipped = train_calls(name, tmp_path / "clip", target_kl=None, max_grad_norm=0.01)
+    assert clipped[0] is None and len(clipped) > 1
+    assert clipped[1:] == pytest.approx([0.01] * (len(clipped) - 1), rel=1e-4)
+    raw = train_calls(name, tmp_path / "raw", target_kl=None, max_grad_norm=1e6)
+    assert min(raw[1:]) > 0.02 and len(set(raw[1:])) == len(raw) - 1  # larger, and each its own
