@@ -92,3 +92,41 @@ def test_max_grad_norm_clips_the_gradient_the_optimizer_steps_with(tmp_path, nam
     assert clipped[1:] == pytest.approx([0.01] * (len(clipped) - 1), rel=1e-4)
     raw = train_calls(name, tmp_path / "raw", target_kl=None, max_grad_norm=1e6)
     assert min(raw[1:]) > 0.02 and len(set(raw[1:])) == len(raw) - 1  # larger, and each its own
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs, named",
+    [
+        ("Pendulum-v1", '{"no_such_option": 1}', "no_such_option"),  # the constructor's TypeError
+        (TEST_ENV, '{"dim": "two"}', "two"),  # the constructor's ValueError
+    ],
+)
+@pytest.mark.parametrize("flag", ["env_kwargs", "eval_env_kwargs"])
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_env_kwargs_a_gymnasium_id_refuses_are_one_line(tmp_path, env_id, kwargs, named, flag, vectorization):
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(
+            ppo_continuous.Args(
+                **TINY, env_id=env_id, env_vectorization=vectorization, output_dir=str(tmp_path), **{flag: kwargs}
+            )
+        )
+    message = str(e.value.code)
+    assert message.startswith(f"error: --{flag.replace('_', '-')} / --env-id {env_id}: ") and named in message
+    assert "\n" not in message
+    assert not list(tmp_path.glob("*/summary.json"))  # refused before any run started
+
+
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is not None, reason="envpool is installed here")
+def test_envpool_missing_is_one_line_saying_how_to_install_it(tmp_path):
+    hint = "`uv sync --extra mujoco --extra envpool`"
+    with pytest.raises(ValueError) as e:
+        make_env("HalfCheetah-v5", num_envs=2, vectorization="envpool")
+    assert "\n" not in str(e.value) and "--env-vectorization envpool needs the envpool package" in str(e.value)
+    assert hint in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(
+            ppo_continuous.Args(**TINY, env_id="HalfCheetah-v5", env_vectorization="envpool", output_dir=str(tmp_path))
+        )
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message and hint in message
+    assert not list(tmp_path.iterdir())
