@@ -56,11 +56,40 @@ def _render_probe(cwd: Path) -> str | None:
     return f"MuJoCo can't render headless here (MUJOCO_GL={env.get('MUJOCO_GL')}): {lines[-1] if lines else '?'}"
 
 
-@pytest.fixture(scope="module")
-def can_render(tmp_path_factory):
-    reason = _render_probe(tmp_path_factory.mktemp("render_probe"))
+REQUIRE_RENDER = "CLEANRL_EMBODIED_REQUIRE_RENDER"
+"""Set (to anything but "" or "0") where rendering must work, as in CI (.ci/run installs what EGL needs): then a
+machine that can't render fails the render tests instead of skipping them, so video capture is never unchecked."""
+
+
+def render_required() -> bool:
+    return os.environ.get(REQUIRE_RENDER, "") not in ("", "0")
+
+
+def skip_or_fail(reason: str | None) -> None:
+    """Nothing when the render probe passed (``reason`` None); else skip the test, or fail it where rendering
+    is required."""
+    if reason is not None and render_required():
+        pytest.fail(f"{reason} (and {REQUIRE_RENDER} is set: rendering must work here)")
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def can_render(tmp_path_factory):
+    skip_or_fail(_render_probe(tmp_path_factory.mktemp("render_probe")))
+
+
+def test_a_machine_that_must_render_fails_the_render_tests_instead_of_skipping(monkeypatch, tmp_path):
+    """Where CLEANRL_EMBODIED_REQUIRE_RENDER is set, a render probe that fails is a failure (OpenGL forced to a
+    backend that can't exist makes it fail); unset, the same probe is a skip; a probe that passes is neither."""
+    monkeypatch.setenv("MUJOCO_GL", "no_such_backend")
+    reason = _render_probe(tmp_path)
+    assert reason is not None and "no_such_backend" in reason
+    for required, outcome in (("1", pytest.fail.Exception), ("", pytest.skip.Exception), ("0", pytest.skip.Exception)):
+        monkeypatch.setenv(REQUIRE_RENDER, required)
+        with pytest.raises(outcome):
+            skip_or_fail(reason)
+        skip_or_fail(None)
 
 
 # ---------------------------------------------------------------------------------------------------
