@@ -284,6 +284,7 @@ def on_rank(obs_space, act_space, args, rank: int, fault: str, at_call: int = 1)
             if fault == "exit":
                 os._exit(3)
             if fault == "hang":
+                print(f"hanging from {time.time()}", flush=True)
                 time.sleep(3600)
             if fault == "sigint":
                 os.kill(os.getpid(), signal.SIGINT)
