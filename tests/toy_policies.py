@@ -170,9 +170,9 @@ gradient of the loss with respect to each sample's value)."""
 
 
 def still(obs_space, act_space, args, action: float = 0.0, value_scale: float | None = None, value_index: int = 0):
-    """A PPO Agent that always acts ``action`` in every dimension (a point mass, see `PointMass`). Its V(obs) is
-    ``value_scale * obs[:, value_index]`` (plus 0 times its critic, for a gradient path), or with ``value_scale``
-    None its own critic. It records into `PROBE` (cleared by the caller)."""
+    """The trainer's Agent (GRPO: its Actor) acting ``action`` in every dimension, always (a point mass, see
+    `PointMass`). Its V(obs) (PPO trainers) is ``value_scale * obs[:, value_index]`` (plus 0 times its critic, for
+    a gradient path), or with ``value_scale`` None its own critic. It records into `PROBE` (cleared by the caller)."""
     base = _agent_class(args)
 
     class Still(base):
