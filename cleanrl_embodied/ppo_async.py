@@ -780,6 +780,7 @@ def main(args: Args) -> dict:
                 eval_result, is_best = evaluator.run(act, global_step)
                 if is_best:
                     save_checkpoint("best.pt")
+                    checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume compares against
     finally:  # after an error on either side too: stop both, write summary.json; last.pt stays the last
         failed = sys.exc_info()[0] is not None  # consistent one (a crash never overwrites it)
         collector.stop()

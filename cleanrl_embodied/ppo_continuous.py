@@ -590,6 +590,7 @@ def main(args: Args) -> dict:
         eval_result, is_best = evaluator.run(act, global_step)
         if is_best:
             save_checkpoint("best.pt")
+            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
     wall = time.time() - start_time
     logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
     envs.close()

@@ -692,6 +692,7 @@ def train(
             eval_result, is_best = evaluator.run(act, global_step)
             if is_best:
                 save_checkpoint("best.pt", pieces)
+                checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key a resume compares against
         wall = time.time() - start_time
         logger.finish(
             global_step,

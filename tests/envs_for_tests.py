@@ -29,9 +29,22 @@ other tests can inject faults:
 - ``terminate_at_step`` (int or None): episodes also terminate (a true end) at their k-th step.
 - ``nan_final_obs`` (bool): the observation an episode ends on (its final obs) is all NaN.
 - ``record`` (bool): append this env's keyword arguments to ``CONSTRUCTED`` (which envs got what).
+- ``pid_file`` (str or None): append the id of the process that builds this env to that file (one line each),
+  so a test sees in which processes sub-envs run (``--env-vectorization async``: worker processes).
+- ``reward_terms`` (bool): also report ``info["rewards"] = {"time": k}`` at the episode's k-th step, a reward term
+  whose per-step mean over any stretch of steps is known in advance.
+- ``fixed_target`` (list of ``dim`` floats or None): every episode's target, instead of a random one (then every
+  env runs the same episodes, whatever the seeds).
+
+``Echo-v0`` (:class:`Echo`): episodes of one step that report what the action asked for: observation ``[0.0]``,
+action ``[a0, a1]`` in ``[-1, 1]^2``, reward ``a0``, ``info["success"] = a1 > 0``, terminated at once. An
+evaluation with one episode per eval env is then one policy call, and its return and success rate are what that
+call's actions say.
 """
 
 from __future__ import annotations
+
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -40,6 +53,7 @@ import torch
 __all__ = ["PointReach"]
 
 ENV_IDS = ("PointReach-v0", "PointReachDict-v0", "PointReachPixels-v0")
+ECHO_ID = "Echo-v0"
 PIXELS = 36  # the smallest image the trainers' CNN takes
 CONSTRUCTED: list[dict] = []
 
@@ -60,6 +74,9 @@ class PointReach(gym.Env):
         terminate_at_step: int | None = None,
         nan_final_obs: bool = False,
         record: bool = False,
+        pid_file: str | None = None,
+        reward_terms: bool = False,
+        fixed_target: list | None = None,
     ):
         if record:
             CONSTRUCTED.append(
@@ -72,6 +89,11 @@ class PointReach(gym.Env):
                     "nan_final_obs": nan_final_obs,
                 }
             )
+        if pid_file is not None:
+            with open(pid_file, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        self.reward_terms = bool(reward_terms)
+        self.fixed_target = None if fixed_target is None else np.asarray(fixed_target, dtype=np.float64)
         self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
         self.pixels = bool(pixels)
         self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
@@ -105,6 +127,8 @@ class PointReach(gym.Env):
         super().reset(seed=seed)
         self.position, self.episode_steps = np.zeros(self.dim), 0
         self.target = self.np_random.uniform(-0.5, 0.5, self.dim)
+        if self.fixed_target is not None:
+            self.target = self.fixed_target.copy()
         return self._obs(), {}
 
     def step(self, action):
@@ -120,12 +144,36 @@ class PointReach(gym.Env):
         nan = (self.nan_obs_at_step is not None and self.steps_taken == self.nan_obs_at_step) or (
             self.nan_final_obs and terminated
         )
-        return self._obs(nan), -distance, terminated, False, {"success": success}
+        info = {"success": success}
+        if self.reward_terms:
+            info["rewards"] = {"time": float(self.episode_steps)}
+        return self._obs(nan), -distance, terminated, False, info
+
+
+class Echo(gym.Env):
+    """See the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        success = bool(action[1] > 0)
+        return np.zeros(1, np.float32), float(action[0]), True, False, {"success": success}
 
 
 for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True}, {"pixels": True})):
     if _id not in gym.registry:  # importing twice (or reloading) must not re-register
         gym.register(_id, entry_point=PointReach, max_episode_steps=50, kwargs=_kwargs)
+if ECHO_ID not in gym.registry:
+    gym.register(ECHO_ID, entry_point=Echo, max_episode_steps=1)
 
 
 def spaces(obs_dim: int, act_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Box]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 
 import gymnasium as gym
@@ -318,12 +317,8 @@ def test_episode_statistics_hand_count():
 
 
 # ---------------------------------------------------------------------------------------------------
-# PushCubeRL (written in parallel by another engineer)
+# PushCubeRL
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.skipif(
-    importlib.util.find_spec("cleanrl_embodied.shared.envs.push_cube") is None,
-    reason="push_cube.py not there yet",
-)
 def test_push_cube_contract():
     env = gym.make_vec("PushCubeRL", num_envs=4)
     dict_env = make_env("PushCubeRL", 4, obs_mode="dict", seed=0)

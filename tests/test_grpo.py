@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import toy_policies
 from grpo_test_helpers import tiny_actor
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
@@ -229,6 +230,40 @@ def test_group_resets_share_a_start(env_id):
             assert torch.allclose(reward.reshape(2, 4), reward.reshape(2, 4)[:, :1], atol=1e-6)
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("env_id", ["PushCubeRL", "Pendulum-v1"])
+def test_every_iteration_rolls_out_from_fresh_group_starts(tmp_path, env_id):
+    """What grpo.py's policy sees: at the first step of every iteration, each group of G envs is in one state,
+    other groups in others, and the next iteration starts from new states (a trainer that reset only once, or not
+    per group, would show members that drifted apart after their different sampled actions)."""
+    toy_policies.OBSERVED.clear()
+    iterations, horizon = 3, 3
+    main(
+        tiny_args(
+            tmp_path,
+            env_id=env_id,
+            num_steps=horizon,
+            total_timesteps=8 * horizon * iterations,
+            policy="toy_policies:observing",
+            num_eval_envs=2,
+            num_eval_episodes=2,
+            eval_freq=0,
+            save_freq=0,
+        )
+    )
+    rollout = [obs for grad, obs in toy_policies.OBSERVED if not grad and obs.shape[0] == 8]
+    assert len(rollout) == iterations * horizon  # one call per step of every iteration
+    starts = []
+    for iteration in range(iterations):
+        first, second = (rollout[iteration * horizon + k].reshape(2, 4, -1) for k in (0, 1))
+        assert torch.equal(first, first[:, :1].expand_as(first)), iteration  # members share their group's start
+        assert not torch.equal(first[0, 0], first[1, 0]), iteration  # each group its own
+        assert not torch.equal(second, second[:, :1].expand_as(second))  # after one step they differ
+        starts.append(first[:, 0])
+    for a in range(iterations):
+        for b in range(a):
+            assert not torch.equal(starts[a], starts[b]), (a, b)  # fresh starts every iteration
 
 
 @pytest.mark.parametrize("num_envs,group_size", [(6, 4), (8, 1), (8, 0)])

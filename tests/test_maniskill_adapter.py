@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 import warnings
 from pathlib import Path
 
@@ -211,25 +212,92 @@ if FAKE_MS_ID not in gym.registry:
     gym.register(FAKE_MS_ID, entry_point="mani_skill.envs.fake_for_tests:FakeEnv")  # never imported
 
 
-def test_maniskill_ids_are_recognized_by_their_registration_and_routed(monkeypatch):
+FAKE_PACKAGES = {  # stand-ins for the parts of mani_skill and sapien that make_env's ManiSkill CPU path imports
+    "sapien/__init__.py": "from . import render\n",
+    "sapien/render.py": "class RenderMaterial:\n    pass\n",  # constructible: a rendering device exists
+    "mani_skill/__init__.py": "",
+    "mani_skill/envs/__init__.py": "",
+    "mani_skill/envs/fake_for_tests.py": """
+import gymnasium as gym
+import numpy as np
+
+CREATED = []
+
+
+class FakeEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, num_envs=1, render_mode=None, **kwargs):
+        CREATED.append(dict(kwargs, num_envs=num_envs, render_mode=render_mode))
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(3, 0.5, np.float32), {}
+
+    def step(self, action):
+        return np.full(3, float(action[0]), np.float32), 0.0, False, False, {}
+""",
+    "mani_skill/utils/__init__.py": "",
+    "mani_skill/utils/wrappers/__init__.py": "",
+    "mani_skill/utils/wrappers/gymnasium.py": """
+import gymnasium as gym
+
+WRAPPED = []
+
+
+class CPUGymWrapper(gym.Wrapper):
+    def __init__(self, env, ignore_terminations=False):
+        super().__init__(env)
+        WRAPPED.append(ignore_terminations)
+""",
+}
+
+
+@pytest.fixture
+def fake_maniskill(tmp_path, monkeypatch):
+    """The fake packages on sys.path for one test; afterwards nothing of them stays imported or cached."""
+    for name, text in FAKE_PACKAGES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    maniskill.sapien_can_render.cache_clear()
+    yield
+    for name in [m for m in sys.modules if m.split(".")[0] in ("mani_skill", "sapien")]:
+        del sys.modules[name]
+    maniskill.sapien_can_render.cache_clear()
+
+
+@pytest.mark.skipif(HAS_MANISKILL, reason="real mani_skill is installed (its own tests route real ids)")
+def test_maniskill_ids_are_recognized_by_their_registration_and_routed(fake_maniskill):
+    """make_env sends an id that ManiSkill registered to the ManiSkill path (nothing replaced: fake packages
+    stand in for mani_skill and sapien): each CPU sub-env is built by ManiSkill's gym.make with one env, the
+    adapter's defaults and the user's kwargs, behind CPUGymWrapper; a Gymnasium id is not routed there."""
     assert maniskill.is_maniskill_id(FAKE_MS_ID)
     assert not maniskill.is_maniskill_id("Pendulum-v1") and not maniskill.is_maniskill_id("PushCubeRL")
     check_env_id(FAKE_MS_ID)
-    seen = {}
-
-    def fake_make(env_id, num_envs, device, seed, **kwargs):
-        seen.update(env_id=env_id, num_envs=num_envs, seed=seed, kwargs=kwargs)
-        return maniskill.maniskill_vector_to_torch(FakeManiSkillVectorEnv([1.0] * num_envs), device, seed)
-
-    monkeypatch.setattr(maniskill, "make_maniskill_env", fake_make)
     env = make_env(FAKE_MS_ID, num_envs=3, seed=1, control_mode="pd_joint_delta_pos")
-    assert seen == {
-        "env_id": FAKE_MS_ID,
-        "num_envs": 3,
-        "seed": 1,
-        "kwargs": {"vectorization": "sync", "flatten_obs": None, "control_mode": "pd_joint_delta_pos"},
+    created = sys.modules["mani_skill.envs.fake_for_tests"].CREATED
+    wrapped = sys.modules["mani_skill.utils.wrappers.gymnasium"].WRAPPED
+    expected = {
+        "num_envs": 1,
+        "obs_mode": "state",
+        "reward_mode": "normalized_dense",
+        "sim_backend": "physx_cpu",
+        "render_mode": "rgb_array",
+        "control_mode": "pd_joint_delta_pos",
     }
-    assert env.reset()[0].shape == (3, 3)
+    assert created[-3:] == [expected] * 3 and wrapped[-3:] == [False] * 3
+    obs, _ = env.reset()
+    assert obs.shape == (3, 3) and env.single_action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    obs, *_ = env.step(torch.ones(3, 1))
+    assert torch.equal(obs, torch.full((3, 3), 2.0))  # the action rescaled to the env's [-2, 2]
+    env.close()
+    count = len(created)
+    make_env("Pendulum-v1", num_envs=2).close()
+    assert len(created) == count
 
 
 @pytest.mark.skipif(HAS_MANISKILL, reason="mani_skill is installed")

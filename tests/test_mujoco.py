@@ -56,11 +56,40 @@ def _render_probe(cwd: Path) -> str | None:
     return f"MuJoCo can't render headless here (MUJOCO_GL={env.get('MUJOCO_GL')}): {lines[-1] if lines else '?'}"
 
 
-@pytest.fixture(scope="module")
-def can_render(tmp_path_factory):
-    reason = _render_probe(tmp_path_factory.mktemp("render_probe"))
+REQUIRE_RENDER = "CLEANRL_EMBODIED_REQUIRE_RENDER"
+"""Set (to anything but "" or "0") where rendering must work, as in CI (.ci/run installs what EGL needs): then a
+machine that can't render fails the render tests instead of skipping them, so video capture is never unchecked."""
+
+
+def render_required() -> bool:
+    return os.environ.get(REQUIRE_RENDER, "") not in ("", "0")
+
+
+def skip_or_fail(reason: str | None) -> None:
+    """Nothing when the render probe passed (``reason`` None); else skip the test, or fail it where rendering
+    is required."""
+    if reason is not None and render_required():
+        pytest.fail(f"{reason} (and {REQUIRE_RENDER} is set: rendering must work here)")
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def can_render(tmp_path_factory):
+    skip_or_fail(_render_probe(tmp_path_factory.mktemp("render_probe")))
+
+
+def test_a_machine_that_must_render_fails_the_render_tests_instead_of_skipping(monkeypatch, tmp_path):
+    """Where CLEANRL_EMBODIED_REQUIRE_RENDER is set, a render probe that fails is a failure (OpenGL forced to a
+    backend that can't exist makes it fail); unset, the same probe is a skip; a probe that passes is neither."""
+    monkeypatch.setenv("MUJOCO_GL", "no_such_backend")
+    reason = _render_probe(tmp_path)
+    assert reason is not None and "no_such_backend" in reason
+    for required, outcome in (("1", pytest.fail.Exception), ("", pytest.skip.Exception), ("0", pytest.skip.Exception)):
+        monkeypatch.setenv(REQUIRE_RENDER, required)
+        with pytest.raises(outcome):
+            skip_or_fail(reason)
+        skip_or_fail(None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -269,30 +298,10 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
         )
     )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
-    assert summary["global_step"] >= 40 and math.isfinite(summary["eval"]["episodic_return"])
-
-
-def test_env_vectorization_flag_reaches_make_env(tmp_path):
-    from cleanrl_embodied import ppo_continuous as ppo
-
-    out = ppo.main(
-        ppo.Args(
-            env_id="InvertedPendulum-v5",
-            env_vectorization="async",
-            num_envs=2,
-            num_steps=8,
-            num_minibatches=2,
-            update_epochs=1,
-            total_timesteps=32,
-            num_eval_envs=2,
-            num_eval_episodes=2,
-            hidden_sizes=(8,),
-            cuda=False,
-            output_dir=str(tmp_path),
-            eval_env_kwargs='{"max_episode_steps": 10}',
-        )
-    )
-    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
-    assert summary["args"]["env_vectorization"] == "async" and summary["global_step"] == 32
-    with pytest.raises(ValueError, match="--env-vectorization"):
-        make_env("Pendulum-v1", num_envs=2, vectorization="threads")
+    assert summary["global_step"] == 2 * 4 * 10  # both iterations of 4 envs x 10 steps
+    assert math.isfinite(summary["eval"]["episodic_return"]) and 0 < summary["eval"]["episodic_length"] <= 10
+    train = summary["train"]
+    assert math.isfinite(train["losses/policy_loss"]) and train["grpo/zero_adv_group_frac"] < 1  # groups differed
+    ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["iteration"] == 2
+    assert any(not torch.equal(ckpt["model"][k], ckpt["ref_model"][k]) for k in ckpt["model"])  # it trained

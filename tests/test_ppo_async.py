@@ -63,23 +63,37 @@ def test_smoke_run_writes_summary_events_and_checkpoints(tmp_path):
 
 
 def test_collector_overlaps_the_update_and_staleness_zero_does_not(tmp_path):
-    """With a slow policy (5 ms a step) and --max-staleness 1 the collector steps rollout j+1 while the
-    learner updates on rollout j; with --max-staleness 0 the two never overlap. Timestamps, not speed."""
-    for k in (1, 0):  # a learner busy long enough (4 x 10 ms) that overlap or not is unambiguous
-        args = tiny_args(
-            tmp_path / str(k),
-            iterations=8,
-            max_staleness=k,
-            policy="toy_policies:slow",
-            policy_kwargs='{"rollout_ms": 5, "update_ms": 10}',
+    """Judged from the policy's own calls, in the order they happen (not from the trainer's timeline): with
+    --max-staleness 1 the collector thread acts (steps rollout j+1) between the first and the last training
+    forward of update j; with --max-staleness 0 it never does. The calls sleep (5 ms per rollout step, 10 ms per
+    training forward), so an update lasts 40 ms and a rollout 50 ms: overlap or not is unambiguous."""
+    per_update = TINY["update_epochs"] * TINY["num_minibatches"]
+    for k in (1, 0):
+        toy_policies.RECORDS.clear()
+        ppo_async.main(
+            tiny_args(
+                tmp_path / str(k),
+                iterations=6,
+                max_staleness=k,
+                target_kl=None,
+                policy="toy_policies:recording",
+                policy_kwargs='{"rollout_ms": 5, "update_ms": 10}',
+            )
         )
-        tl = ppo_async.main(args)["timeline"]
-        assert all(e["collect"][1] - e["collect"][0] >= 10 * 0.005 for e in tl)  # the latency is really paid
-        next_collect_overlaps = [overlaps(tl[j]["update"], tl[j + 1]["collect"]) for j in range(len(tl) - 1)]
-        if k == 1:
-            assert all(next_collect_overlaps), next_collect_overlaps
+        calls = toy_policies.RECORDS
+        learner = [i for i, (name, grad, _) in enumerate(calls) if grad]
+        assert len(learner) == 6 * per_update and all(calls[i][0] == "MainThread" for i in learner)
+        collector_during = [
+            sum(
+                calls[i][0] == "ppo-async-collector"
+                for i in range(learner[u * per_update], learner[-1 + (u + 1) * per_update])
+            )
+            for u in range(6)
+        ]
+        if k == 1:  # every update but the last (no rollout is left to collect then)
+            assert all(n > 0 for n in collector_during[:-1]), collector_during
         else:
-            assert not any(overlaps(u["update"], c["collect"]) for u in tl for c in tl), tl
+            assert not any(collector_during), collector_during
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -50,6 +50,7 @@ def test_gae_matches_reference_loop():
 
 
 def test_truncation_bootstraps_from_final_value_and_termination_does_not():
+    # compute_gae given next values; that each trainer passes V(final obs) at truncations: tests/test_ppo_returns.py
     rewards, values, next_values, terminated, dones = make_rollout()
     gamma, lam = 0.9, 0.95
     adv, _ = compute_gae(rewards, values, next_values, terminated, dones, gamma, lam)

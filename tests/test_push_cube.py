@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -89,16 +91,68 @@ def set_cube(env: PushCubeRLVecEnv, cube_xy: torch.Tensor) -> None:
 
 
 # --------------------------------------------------------------------------- kinematics
-def test_franka_rest_pose_and_jacobian():
-    q = franka.rest_qpos().unsqueeze(0)
-    points = franka.forward_kinematics(q)
-    assert points.shape == (1, franka.NUM_FK_POINTS, 3)
-    assert torch.allclose(points[0, -1], torch.tensor([0.0, 0.0, 0.1698]), atol=1e-3)  # rest TCP
-    assert torch.allclose(franka.tcp_position(q), points[:, -1], atol=1e-6)
+# Franka Emika's published modified (Craig) DH table of the Panda: (a, d, alpha) of joints 1..7, then the flange
+# (d = 0.107 m) and the Franka Hand's TCP (0.1034 m further along the flange's z axis). Written out here, not
+# taken from franka.py, so the test checks the code against the datasheet.
+PANDA_MDH = (
+    (0.0, 0.333, 0.0),
+    (0.0, 0.0, -math.pi / 2),
+    (0.0, 0.316, math.pi / 2),
+    (0.0825, 0.0, math.pi / 2),
+    (-0.0825, 0.384, -math.pi / 2),
+    (0.0, 0.0, math.pi / 2),
+    (0.088, 0.0, math.pi / 2),
+)
+PANDA_FLANGE, PANDA_HAND_TCP = 0.107, 0.1034
+
+
+def reference_panda_points(q: np.ndarray, base: tuple[float, float, float]) -> np.ndarray:
+    """World positions of the base, the origins of frames 1..7 and the TCP for one configuration q [7], chaining
+    T_i = RotX(alpha_i) TransX(a_i) RotZ(q_i) TransZ(d_i) in float64."""
+
+    def rot_x(angle):
+        c, s = math.cos(angle), math.sin(angle)
+        return np.array([[1, 0, 0, 0], [0, c, -s, 0], [0, s, c, 0], [0, 0, 0, 1.0]])
+
+    def rot_z(angle):
+        c, s = math.cos(angle), math.sin(angle)
+        return np.array([[c, -s, 0, 0], [s, c, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]])
+
+    def trans(x=0.0, z=0.0):
+        out = np.eye(4)
+        out[0, 3], out[2, 3] = x, z
+        return out
+
+    world = np.eye(4)
+    world[:3, 3] = base
+    points = [world[:3, 3].copy()]
+    for (a, d, alpha), angle in zip(PANDA_MDH, q):
+        world = world @ rot_x(alpha) @ trans(x=a) @ rot_z(angle) @ trans(z=d)
+        points.append(world[:3, 3].copy())
+    points.append((world @ trans(z=PANDA_FLANGE + PANDA_HAND_TCP))[:3, 3])
+    return np.stack(points)
+
+
+def test_franka_forward_kinematics_is_the_published_modified_dh_chain():
+    base = franka.DEFAULT_BASE_POS
     lower, upper = franka.joint_limits()
-    qs = lower + (upper - lower) * torch.rand(16, 7, generator=torch.Generator().manual_seed(0))
+    qs = lower + (upper - lower) * torch.rand(32, 7, generator=torch.Generator().manual_seed(0))
+    qs = torch.cat([qs, franka.rest_qpos()[None], torch.zeros(1, 7)])
+    expected = torch.tensor(np.stack([reference_panda_points(q, base) for q in qs.double().numpy()]))
+    points = franka.forward_kinematics(qs)
+    assert points.shape == (34, franka.NUM_FK_POINTS, 3)
+    torch.testing.assert_close(points.double(), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(franka.tcp_position(qs).double(), expected[:, -1], rtol=0, atol=1e-5)
+    position, jacobian = franka.tcp_position_and_jacobian(qs)
+    torch.testing.assert_close(position.double(), expected[:, -1], rtol=0, atol=1e-5)
+    # the rest pose: hand pointing down above the base's x, TCP 0.17 m above the table (as the docstring says)
+    torch.testing.assert_close(
+        expected[-2, -1], torch.tensor([0.0, 0.0, 0.1698], dtype=torch.float64), atol=1e-3, rtol=0
+    )
+    # the Jacobian is the derivative of that position
     autograd = torch.func.vmap(torch.func.jacrev(lambda qi: franka.tcp_position(qi.unsqueeze(0))[0]))(qs)
-    assert torch.allclose(franka.tcp_jacobian(qs), autograd, atol=1e-5)
+    torch.testing.assert_close(jacobian, autograd, atol=1e-5, rtol=0)
+    torch.testing.assert_close(franka.tcp_jacobian(qs), autograd, atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------- contract

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -246,18 +247,27 @@ def test_interval_and_step_events_fire_at_their_steps_only():
 
 
 def test_make_env_passes_json_style_kwargs():
-    env = make_env(
-        "PushCubeRL",
-        num_envs=4,
-        seed=0,
-        randomize={"cube_half_size": [0.015, 0.025]},
-        reward_weights={"action_rate": 0.05},
-        action_mode="ee_delta_pos",
-        randomize_at=[5],
+    """Options as --env-kwargs gives them (JSON: lists for ranges and steps, dicts, true/false) all take effect."""
+    options = json.loads(
+        '{"randomize": {"cube_half_size": [0.015, 0.025]}, "reward_weights": {"action_rate": 0.05}, '
+        '"action_mode": "ee_delta_pos", "randomize_at": [5], "terminate_on_success": false}'
     )
-    obs, _ = env.reset(seed=0)
-    _, _, _, _, info = env.step(torch.zeros(4, 3))
-    assert "action_rate" in info["rewards"] and obs.shape == (4, 31)
+    env = make_env("PushCubeRL", num_envs=64, seed=0, **options)
+    raw = env.unwrapped
+    assert env.single_action_space.shape == (3,)  # ee_delta_pos
+    env.reset(seed=0)
+    half = raw.cube_half_size.clone()
+    assert ((half >= 0.015) & (half <= 0.025)).all() and half.std() > 0.002  # uniform: std 0.0029
+    # action_rate: -0.05 |a_t - a_{t-1}|^2, a_{-1} = 0 at an episode's start
+    _, _, _, _, info = env.step(torch.full((64, 3), 0.5))
+    torch.testing.assert_close(info["rewards"]["action_rate"], torch.full((64,), -0.05 * 3 * 0.25))
+    for step in range(2, 9):  # randomize_at [5]: resampled after the 5th step of the episode (as the 6th begins)
+        before = raw.cube_half_size.clone()
+        env.step(torch.zeros(64, 3))
+        changed = raw.cube_half_size != before
+        assert changed.all() if step == 6 else not changed.any(), step
+    env.reset(seed=1)
+    assert (raw.cube_half_size != half).all()  # and at every reset
 
 
 def test_state_dict_round_trip_with_events_noise_and_action_rate():

@@ -3,16 +3,21 @@ the one failure style."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.cli import fail
-from cleanrl_embodied.shared.evaluation import evaluate, evaluation_seed
+from cleanrl_embodied.shared.evaluation import Evaluator, evaluation_seed
+from cleanrl_embodied.shared.logging import RunLogger
 from cleanrl_embodied.shared.runtime import SkipGuard, seed_everything, stream_seed
 
 TINY = dict(
@@ -28,19 +33,49 @@ TINY = dict(
 )
 
 
-def test_every_evaluation_starts_from_fresh_reproducible_starts():
+def test_every_evaluation_starts_from_fresh_reproducible_starts(tmp_path):
+    """What evaluate() feeds the policy: each evaluation of a run starts from other episodes than the last one,
+    a rerun (another Evaluator of the same seed) feeds the same observations, sampled actions and result at the
+    same step, whatever the env did before; and the training run's global random streams are left alone."""
     seeds = {evaluation_seed(1, step) for step in range(0, 100_000, 80)}
     assert len(seeds) == 1250  # one per evaluation, none repeated
     assert not seeds & set(range(1, 1 + 100_000))  # ... none among small seeds ...
     train = {stream_seed(1, "train_envs", rank) + i for rank in range(4) for i in range(256)}
     assert not seeds & train  # ... and none among the training envs' (4 ranks of 256 envs)
     env = make_env("PushCubeRL", num_envs=4, seed=0)
-    first_obs = []
-    act = lambda obs, gen: torch.zeros(obs.shape[0], env.single_action_space.shape[0])  # noqa: E731
-    for seed in (evaluation_seed(1, 80), evaluation_seed(1, 80), evaluation_seed(1, 160)):
-        first_obs.append(env.reset(seed=seed)[0].clone())
-        evaluate(act, env, 4, seed)
-    assert torch.equal(first_obs[0], first_obs[1]) and not torch.equal(first_obs[0], first_obs[2])
+    env.reset(seed=0)
+
+    def recorder(calls: list):
+        def act(obs, generator):  # a sampling policy: it draws from the generator evaluate() hands it
+            calls.append(obs.clone())
+            return 2 * torch.rand(obs.shape[0], 7, generator=generator) - 1
+
+        return act
+
+    runs = []
+    for rerun in range(2):
+        logger = RunLogger("test", ppo_continuous.Args(output_dir=str(tmp_path / str(rerun))), console=False)
+        evaluator = Evaluator(env, logger, seed=1, num_episodes=4, capture_video=False)
+        fed = {}
+        for step in (80, 160):
+            env.step(torch.ones(4, 7))  # training goes on between evaluations: the env is mid-episode
+            mid_episode = env.step(torch.ones(4, 7))[0]
+            calls = []
+            torch.manual_seed(123)
+            states = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+            result, _ = evaluator.run(recorder(calls), step)
+            assert torch.equal(torch.get_rng_state(), states[0]) and np.array_equal(np.random.get_state()[1], states[1])
+            assert random.getstate() == states[2]
+            assert not torch.equal(calls[0], mid_episode)  # fresh episodes, not the ones the env was in
+            assert len(calls) >= 2 and result["episodic_length"] > 0
+            fed[step] = (calls, result)
+        logger.close()
+        runs.append(fed)
+    assert not torch.equal(runs[0][80][0][0], runs[0][160][0][0])  # another evaluation, other starts
+    for step in (80, 160):
+        (calls, result), (again, result_again) = runs[0][step], runs[1][step]
+        assert len(calls) == len(again) and all(torch.equal(a, b) for a, b in zip(calls, again))
+        assert result == result_again
 
 
 def test_ranks_sample_from_streams_no_other_run_uses():
@@ -97,13 +132,36 @@ def test_the_skip_guard_counts_refusals_and_stops_only_on_a_run_of_them():
     )
 
 
-def test_reward_terms_are_logged_as_iteration_means(tmp_path):
-    """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log their mean per env step,
-    and with the default weights the terms add up to the reward."""
-    out = ppo_continuous.main(ppo_continuous.Args(output_dir=str(tmp_path), total_timesteps=2 * 80, **TINY))
-    train = json.loads((Path(out["run_dir"]) / "summary.json").read_text())["train"]
-    terms = {k: v for k, v in train.items() if k.startswith("rewards/")}
-    assert {"rewards/reach", "rewards/place"} <= set(terms), sorted(train)
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"])
+def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
+    """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log each term's mean per env
+    step of the iteration. A policy that always acts 0.5 (toy_policies:still) makes the action-rate term
+    -|a_t - a_(t-1)|^2 = -7 * 0.25 at the first step of every episode (a_(-1) = 0) and 0 at the others; with
+    4-step episodes, iteration 1 (steps 1-6) has two episode starts, iteration 2 (steps 7-12) one; GRPO starts
+    every iteration afresh. And with the default weights the terms add up to the reward."""
+    module = importlib.import_module(f"cleanrl_embodied.{name}")
+    extra = {"group_size": 2} if name == "grpo" else {"num_minibatches": 2}
+    kwargs = {
+        **TINY,
+        **extra,
+        "num_steps": 6,
+        "total_timesteps": 2 * 8 * 6,
+        "env_kwargs": json.dumps(
+            {"reward_weights": {"action_rate": 1.0}, "max_episode_steps": 4, "terminate_on_success": False}
+        ),
+        "policy": "toy_policies:still",
+        "policy_kwargs": '{"action": 0.5}',
+        "save_freq": 0,
+        "output_dir": str(tmp_path),
+    }
+    out = module.main(module.Args(**kwargs))
+    acc = EventAccumulator(out["run_dir"])
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("rewards/action_rate")]
+    starts = [2, 2] if name == "grpo" else [2, 1]
+    assert [step for step, _ in logged] == [48, 96]
+    for (_, value), n in zip(logged, starts):
+        assert value == pytest.approx(-7 * 0.25 * n / 6, rel=1e-6)
     env = make_env("PushCubeRL", num_envs=16, seed=0)
     env.reset(seed=0)
     _, reward, _, _, info = env.step(torch.zeros(16, env.single_action_space.shape[0]))

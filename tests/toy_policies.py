@@ -13,22 +13,28 @@ import torch
 
 
 def _agent_class(args):
-    """The Agent of the trainer these args belong to (ppo_continuous.Args -> ppo_continuous.Agent)."""
-    return importlib.import_module(type(args).__module__).Agent
+    """The Agent of the trainer these args belong to (ppo_continuous.Args -> ppo_continuous.Agent; grpo.py's Actor).
+    Both are built from (obs_space, act_space, args)."""
+    module = importlib.import_module(type(args).__module__)
+    return getattr(module, "Agent", None) or module.Actor
 
 
 def _with_hook(args, hook, obs_space, act_space):
     """The trainer's Agent with ``hook(agent)`` called at every action-distribution call: ``dist`` (evaluation,
     GRPO) and ``forward`` (the PPO trainers' rollout and loss); ``hook`` may replace the distribution."""
+    base = _agent_class(args)
 
-    class Hooked(_agent_class(args)):
+    class Hooked(base):
         def dist(self, obs):
             return hook(self, super().dist(obs))
 
+    if base.forward is not torch.nn.Module.forward:  # the PPO agents' one-pass forward
+
         def forward(self, obs):
-            dist, value = super().forward(obs)
+            dist, value = base.forward(self, obs)
             return hook(self, dist), value
 
+        Hooked.forward = forward
     return Hooked(obs_space, act_space, args)
 
 
@@ -100,14 +106,14 @@ def fingerprint(module: torch.nn.Module) -> float:
     return float(sum(t.double().sum() for t in module.state_dict().values()))
 
 
-def recording(obs_space, act_space, args, rollout_ms: float = 0.0):
+def recording(obs_space, act_space, args, rollout_ms: float = 0.0, update_ms: float = 0.0):
     """An Agent that records, at every action-distribution call, which thread called it, whether it was a
-    training forward, and a fingerprint of the weights it acted with (into RECORDS)."""
+    training forward, and a fingerprint of the weights it acted with (into RECORDS, in call order); then it sleeps
+    ``rollout_ms`` (inference) or ``update_ms`` (training forward)."""
 
     def hook(agent, d):
         RECORDS.append((threading.current_thread().name, torch.is_grad_enabled(), fingerprint(agent)))
-        if not torch.is_grad_enabled():
-            time.sleep(rollout_ms / 1000)
+        time.sleep((update_ms if torch.is_grad_enabled() else rollout_ms) / 1000)
         return d
 
     return _with_hook(args, hook, obs_space, act_space)
@@ -146,9 +152,160 @@ def nan_loss_after(obs_space, act_space, args, after: int = 4):
     return _with_hook(args, hook, obs_space, act_space)
 
 
+# ---- probes: agents that act in a known way and record what the trainer feeds them --------------------------
+class PointMass:
+    """A distribution that always gives ``mean`` (any shape [B, A]): ``sample()`` and ``mean`` are it, its
+    ``stddev`` is 0 and its log-prob and entropy are 0, tied to ``anchor`` so that a loss built from them has a
+    gradient (zero). A policy acting with it is deterministic and its PPO ratio is exactly 1."""
+
+    def __init__(self, mean: torch.Tensor, anchor: torch.Tensor):
+        self.mean, self.stddev, self._tie = mean, torch.zeros_like(mean), 0.0 * anchor.sum()
+
+    def sample(self) -> torch.Tensor:
+        return self.mean.clone()
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(action) + self._tie
+
+    def entropy(self) -> torch.Tensor:
+        return torch.zeros_like(self.mean) + self._tie
+
+
+PROBE: dict = {}
+"""What a `still` agent saw: ``rollout`` (the observations of every no-grad action call on a batch of
+``num_envs``, in call order) and, of its first training forward, ``obs``, ``value`` and ``value_grad`` (the
+gradient of the loss with respect to each sample's value)."""
+
+
+def still(obs_space, act_space, args, action: float = 0.0, value_scale: float | None = None, value_index: int = 0):
+    """The trainer's Agent (GRPO: its Actor) acting ``action`` in every dimension, always (a point mass, see
+    `PointMass`). Its V(obs) (PPO trainers) is ``value_scale * obs[:, value_index]`` (plus 0 times its critic, for
+    a gradient path), or with ``value_scale`` None its own critic. It records into `PROBE` (cleared by the caller)."""
+    base = _agent_class(args)
+
+    class Still(base):
+        def _point(self, obs):
+            mean = torch.full((obs.shape[0], act_space.shape[0]), float(action), device=obs.device)
+            if not torch.is_grad_enabled() and obs.shape[0] == args.num_envs:
+                PROBE.setdefault("rollout", []).append(obs.detach().clone())
+            return PointMass(mean, self.actor_logstd)
+
+        def _value(self, obs):
+            critic = super().get_value(obs)
+            return critic if value_scale is None else value_scale * obs[:, value_index] + 0.0 * critic
+
+        def dist(self, obs):
+            return self._point(obs)
+
+        def get_value(self, obs):
+            return self._value(obs)
+
+        def forward(self, obs):
+            value = self._value(obs)
+            if torch.is_grad_enabled() and "obs" not in PROBE:
+                PROBE.update(obs=obs.detach().clone(), value=value.detach().clone())
+                value.register_hook(lambda grad: PROBE.__setitem__("value_grad", grad.detach().clone()))
+            return self._point(obs), value
+
+    return Still(obs_space, act_space, args)
+
+
+OBSERVED: list[tuple[bool, torch.Tensor]] = []
+"""(grad enabled, observations) of every action-distribution call of an `observing` agent."""
+
+
+def observing(obs_space, act_space, args):
+    """The trainer's own Agent (or GRPO Actor), recording every observation batch it is asked to act on."""
+    base = _agent_class(args)
+
+    class Observing(base):
+        def dist(self, obs):
+            OBSERVED.append((torch.is_grad_enabled(), obs.detach().clone()))
+            return super().dist(obs)
+
+    if base.forward is not torch.nn.Module.forward:
+
+        def forward(self, obs):
+            OBSERVED.append((torch.is_grad_enabled(), obs.detach().clone()))
+            return base.forward(self, obs)
+
+        Observing.forward = forward
+    return Observing(obs_space, act_space, args)
+
+
+GRAD_NORMS: list[float | None] = []
+"""At every training forward of a `grad_norms` agent: the norm of the gradient its parameters hold then, i.e.
+the one the previous optimizer step used, after clipping (None before the first step)."""
+
+
+def grad_norms(obs_space, act_space, args):
+    """The trainer's own Agent (or GRPO Actor), recording into `GRAD_NORMS` at every training forward."""
+
+    def hook(agent, d):
+        if torch.is_grad_enabled():
+            grads = [p.grad for p in agent.parameters() if p.grad is not None]
+            GRAD_NORMS.append(
+                float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))) if grads else None
+            )
+        return d
+
+    return _with_hook(args, hook, obs_space, act_space)
+
+
 def frozen_backbone(obs_space, act_space, args, width: int = 256):
     """The trainer's Agent plus a frozen ``width x width`` layer (``requires_grad`` off), standing in for a large
     pretrained backbone that is not trained (e.g. a VLA fine-tuned with LoRA): its weights never change."""
     agent = _agent_class(args)(obs_space, act_space, args)
     agent.backbone = torch.nn.Linear(width, width).requires_grad_(False)
     return agent
+
+
+EVAL_PLAN: list[tuple[float, float]] = []
+"""The mean actions of the next evaluations (one entry each, consumed in order) of a `scripted_eval` agent."""
+
+
+def scripted_eval(obs_space, act_space, args):
+    """The trainer's own Agent (or GRPO Actor), except that each evaluation call (no grad, a batch of
+    ``num_eval_envs``, one per evaluation on ``Echo-v0``) acts with the next `EVAL_PLAN` entry for every env."""
+
+    def hook(agent, d):
+        if not torch.is_grad_enabled() and d.mean.shape[0] == args.num_eval_envs:
+            mean = d.mean.new_tensor(EVAL_PLAN.pop(0)).expand_as(d.mean)
+            return PointMass(mean, agent.actor_logstd)
+        return d
+
+    return _with_hook(args, hook, obs_space, act_space)
+
+
+TRAIN_CALLS: list[int] = [0]
+"""Training forwards (grad enabled) of the `on_rank` agents of this process."""
+
+
+def on_rank(obs_space, act_space, args, rank: int, fault: str, at_call: int = 1):
+    """The trainer's own Agent, counting its training forwards (`TRAIN_CALLS`); in the process of ``rank``
+    (``RANK`` in the environment) it misbehaves at its ``at_call``-th training forward: ``exit`` (the process
+    dies), ``hang`` (it sleeps for an hour), ``sigint`` (Ctrl-C to itself), ``nan`` (a NaN loss), or from then
+    on ``kl`` (action means shifted by 3: a large approximate KL on this rank alone)."""
+    here = int(os.environ.get("RANK", 0)) == rank
+
+    def hook(agent, d):
+        if not torch.is_grad_enabled():
+            return d
+        TRAIN_CALLS[0] += 1
+        if not here or TRAIN_CALLS[0] < at_call:
+            return d
+        if fault == "kl":
+            return torch.distributions.Normal(d.mean + 3.0, d.stddev, validate_args=False)
+        if TRAIN_CALLS[0] == at_call:
+            if fault == "exit":
+                os._exit(3)
+            if fault == "hang":
+                print(f"hanging from {time.time()}", flush=True)
+                time.sleep(3600)
+            if fault == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+            if fault == "nan":
+                return torch.distributions.Normal(d.mean * float("nan"), d.stddev, validate_args=False)
+        return d
+
+    return _with_hook(args, hook, obs_space, act_space)

@@ -1405,9 +1405,9 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
                 raise ValueError(f"PushCubeRL: reward_weights[{name!r}] must be a finite number, got {weight!r}")
 
     ranges = {name: (float(args[name]), float(args[name])) for name in RANDOMIZABLE}
-    randomize = dict(args["randomize"] or {})
-    if not isinstance(args["randomize"] or {}, Mapping):
+    if not isinstance(args["randomize"] or {}, Mapping):  # before dict() of it, which raises its own TypeError
         fail("randomize", f"a dict {{parameter: [low, high]}} with parameters {', '.join(RANDOMIZABLE)}")
+    randomize = dict(args["randomize"] or {})
     for name, kwarg in (("cube_half_size", "cube_half_size_range"), ("push_friction", "push_friction_range")):
         if args[kwarg] is not None:
             if name in randomize:

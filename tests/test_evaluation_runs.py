@@ -1,0 +1,83 @@
+"""Evaluations inside a run, seen from outside: which evaluation best.pt keeps (success rate first, then return)
+and that a resumed run keeps comparing against the best so far; and that evaluating changes nothing about
+training (its own random streams, the frozen observation normalizer)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+import toy_policies
+
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"]
+TINY = dict(
+    num_envs=4,
+    num_steps=2,
+    num_minibatches=2,
+    update_epochs=2,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(16,),
+    cuda=False,
+)
+BATCH = 4 * 2
+
+
+def args_for(name: str, tmp_path: Path, **overrides):
+    module = importlib.import_module(f"cleanrl_embodied.{name}")
+    extra = {"group_size": 2} if name == "grpo" else {}
+    return module, module.Args(output_dir=str(tmp_path), **{**TINY, **extra, **overrides})
+
+
+def checkpoints(out: dict) -> Path:
+    return Path(out["run_dir"]) / "checkpoints"
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_best_checkpoint_is_chosen_by_success_then_return_and_its_key_survives_a_resume(tmp_path, name):
+    """On Echo-v0 an evaluation's return and success rate are what the policy's eval actions say
+    (toy_policies:scripted_eval plays one planned action per evaluation). Evaluations 1-3 give (success, return)
+    (0, 0.9), (1, -0.5), (1, -0.3): each is the best so far, the 2nd by success despite its lower return, the
+    3rd by return. A run resumed from the end then evaluates (1, -0.4) and (0, 0.95): neither beats (1, -0.3),
+    so it writes no best.pt (either would against a key that was lost or stale)."""
+    common = dict(env_id="tests.envs_for_tests:Echo-v0", policy="toy_policies:scripted_eval", eval_freq=1)
+    toy_policies.EVAL_PLAN[:] = [(0.9, -1.0), (-0.5, 1.0), (-0.3, 1.0)]
+    module, args = args_for(name, tmp_path / "a", total_timesteps=3 * BATCH, save_freq=1, **common)
+    first = module.main(args)
+    assert toy_policies.EVAL_PLAN == []  # three evaluations, as planned
+    saved = {n: torch.load(checkpoints(first) / n, weights_only=True) for n in ("iter_000001.pt", "iter_000002.pt")}
+    assert saved["iter_000001.pt"]["best_key"] == pytest.approx([0.0, 0.9])
+    assert saved["iter_000002.pt"]["best_key"] == pytest.approx([1.0, -0.5])  # success first
+    best = torch.load(checkpoints(first) / "best.pt", weights_only=True)
+    assert best["global_step"] == 3 * BATCH and best["best_key"] == pytest.approx([1.0, -0.3])  # then return
+    last = torch.load(checkpoints(first) / "last.pt", weights_only=True)
+    assert last["best_key"] == pytest.approx([1.0, -0.3])  # what a resume continues from
+
+    toy_policies.EVAL_PLAN[:] = [(-0.4, 1.0), (0.95, -1.0)]
+    resume = str(checkpoints(first) / "last.pt")
+    module, args = args_for(name, tmp_path / "b", total_timesteps=5 * BATCH, save_freq=0, resume=resume, **common)
+    second = module.main(args)
+    assert toy_policies.EVAL_PLAN == [] and second["global_step"] == 5 * BATCH
+    assert second["eval"]["success_rate"] == 0.0 and second["eval"]["episodic_return"] == pytest.approx(0.95)
+    assert not (checkpoints(second) / "best.pt").exists()
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_evaluating_every_iteration_changes_nothing_about_training(tmp_path, name):
+    """A run that evaluates after every iteration, sampling its eval actions (--no-eval-deterministic), ends
+    with the same weights, bit for bit, as one that never evaluates before the end: evaluations draw from their
+    own random streams and leave the observation normalizer (--norm-obs, part of the weights) as it was."""
+    common = dict(total_timesteps=4 * 8 * 10, num_envs=8, num_steps=10, eval_deterministic=False, save_freq=0)
+    if name != "grpo":
+        common.update(norm_obs=True, norm_reward=True)
+    runs = {}
+    for eval_freq in (1, 0):
+        module, args = args_for(name, tmp_path / str(eval_freq), eval_freq=eval_freq, **common)
+        runs[eval_freq] = module.main(args)
+    evaluated, plain = (torch.load(checkpoints(runs[f]) / "last.pt", weights_only=True)["model"] for f in (1, 0))
+    if name != "grpo":
+        assert evaluated["obs_rms.count"] > 1  # the normalizer did learn during training
+    for key, value in plain.items():
+        assert torch.equal(evaluated[key], value), key

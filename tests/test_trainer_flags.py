@@ -1,0 +1,132 @@
+"""Flags whose effect is seen only inside a run, checked from outside: --env-vectorization (in which processes
+the sub-envs run), --target-kl (how many optimizer steps an update makes), --max-grad-norm (the gradient the
+optimizer steps with), and the one-line errors for env kwargs a Gymnasium id refuses and for a missing envpool."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import toy_policies
+
+from cleanrl_embodied import ppo_continuous
+from cleanrl_embodied.shared import make_env
+
+TEST_ENV = "tests.envs_for_tests:PointReach-v0"
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"]
+TINY = dict(
+    num_envs=4,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=3,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(16,),
+    eval_freq=0,
+    save_freq=0,
+    cuda=False,
+)
+
+
+def args_for(name: str, tmp_path: Path, **overrides):
+    module = importlib.import_module(f"cleanrl_embodied.{name}")
+    extra = {"group_size": 2} if name == "grpo" else {}
+    return module, module.Args(output_dir=str(tmp_path), **{**TINY, **extra, **overrides})
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_env_vectorization_decides_in_which_processes_the_sub_envs_run(tmp_path, vectorization):
+    """Each PointReach sub-env writes the id of the process that built it: with sync all are this process, with
+    async each training sub-env is built in a worker process of its own."""
+    pids = tmp_path / "pids"
+    out = ppo_continuous.main(
+        ppo_continuous.Args(
+            **dict(TINY, update_epochs=1),
+            env_id=TEST_ENV,
+            env_vectorization=vectorization,
+            env_kwargs=f'{{"pid_file": "{pids}"}}',
+            eval_env_kwargs='{"max_episode_steps": 5}',
+            total_timesteps=2 * 4 * 10,
+            output_dir=str(tmp_path),
+        )
+    )
+    assert out["global_step"] == 80
+    built_in = [int(line) for line in pids.read_text().split()]
+    others = set(built_in) - {os.getpid()}
+    if vectorization == "sync":
+        assert built_in == [os.getpid()] * 4
+    else:
+        assert len(others) == 4 and len([p for p in built_in if p in others]) == 4  # one worker per sub-env
+    with pytest.raises(ValueError, match="--env-vectorization"):
+        make_env("Pendulum-v1", num_envs=2, vectorization="threads")
+
+
+def train_calls(name: str, tmp_path: Path, **overrides) -> list[float | None]:
+    """GRAD_NORMS of a 3-iteration run: one entry per training forward (minibatch), each the norm of the gradient
+    the optimizer stepped with just before it."""
+    toy_policies.GRAD_NORMS.clear()
+    module, args = args_for(name, tmp_path, total_timesteps=3 * 4 * 10, policy="toy_policies:grad_norms", **overrides)
+    module.main(args)
+    return list(toy_policies.GRAD_NORMS)
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_target_kl_stops_the_epochs_of_an_update_early(tmp_path, name):
+    """Without --target-kl every update makes update_epochs x num_minibatches steps; with a target every epoch's
+    KL exceeds (1e-12), each update stops after its first epoch; with one no epoch reaches, none stops."""
+    full, per_epoch = 3 * TINY["update_epochs"] * TINY["num_minibatches"], 3 * TINY["num_minibatches"]
+    assert len(train_calls(name, tmp_path / "none", target_kl=None)) == full
+    assert len(train_calls(name, tmp_path / "tiny", target_kl=1e-12)) == per_epoch
+    assert len(train_calls(name, tmp_path / "huge", target_kl=1e9)) == full
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_max_grad_norm_clips_the_gradient_the_optimizer_steps_with(tmp_path, name):
+    """The gradient left on the parameters after each optimizer step (seen by the next training forward) has
+    norm --max-grad-norm where the raw one was larger, which without clipping it is."""
+    clipped = train_calls(name, tmp_path / "clip", target_kl=None, max_grad_norm=0.01)
+    assert clipped[0] is None and len(clipped) > 1
+    assert clipped[1:] == pytest.approx([0.01] * (len(clipped) - 1), rel=1e-4)
+    raw = train_calls(name, tmp_path / "raw", target_kl=None, max_grad_norm=1e6)
+    assert min(raw[1:]) > 0.02 and len(set(raw[1:])) == len(raw) - 1  # larger, and each its own
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs, named",
+    [
+        ("Pendulum-v1", '{"no_such_option": 1}', "no_such_option"),  # the constructor's TypeError
+        (TEST_ENV, '{"dim": "two"}', "two"),  # the constructor's ValueError
+    ],
+)
+@pytest.mark.parametrize("flag", ["env_kwargs", "eval_env_kwargs"])
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_env_kwargs_a_gymnasium_id_refuses_are_one_line(tmp_path, env_id, kwargs, named, flag, vectorization):
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(
+            ppo_continuous.Args(
+                **TINY, env_id=env_id, env_vectorization=vectorization, output_dir=str(tmp_path), **{flag: kwargs}
+            )
+        )
+    message = str(e.value.code)
+    assert message.startswith(f"error: --{flag.replace('_', '-')} / --env-id {env_id}: ") and named in message
+    assert "\n" not in message
+    assert not list(tmp_path.glob("*/summary.json"))  # refused before any run started
+
+
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is not None, reason="envpool is installed here")
+def test_envpool_missing_is_one_line_saying_how_to_install_it(tmp_path):
+    hint = "`uv sync --extra mujoco --extra envpool`"
+    with pytest.raises(ValueError) as e:
+        make_env("HalfCheetah-v5", num_envs=2, vectorization="envpool")
+    assert "\n" not in str(e.value) and "--env-vectorization envpool needs the envpool package" in str(e.value)
+    assert hint in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(
+            ppo_continuous.Args(**TINY, env_id="HalfCheetah-v5", env_vectorization="envpool", output_dir=str(tmp_path))
+        )
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message and hint in message
+    assert not list(tmp_path.iterdir())
