@@ -160,6 +160,7 @@ class PointMass:
 
     def __init__(self, mean: torch.Tensor, anchor: torch.Tensor):
         self.mean, self.stddev, self._tie = mean, torch.zeros_like(mean), 0.0 * anchor.sum()
+        self.mode = mean  # what deterministic evaluation acts with
 
     def sample(self) -> torch.Tensor:
         return self.mean.clone()
