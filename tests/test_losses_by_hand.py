@@ -87,6 +87,8 @@ def test_ppo_loss_matches_the_formula_worked_by_hand(module, norm_adv, clip_vlos
         batch_size=[n],
     )
     agent = FixedGaussian()
+    if norm_adv:  # the update normalizes each minibatch's advantages before its loss (and before any micro-batching)
+        mb = module.normalize_advantages(mb)
     loss, stats = module.ppo_loss(agent, mb, args)
     loss.backward()
 

@@ -49,6 +49,8 @@ CASES = {  # kwarg: (bad value, what the message must say it allows)
     "camera": ("fisheye", "'top' or 'front' or 'side' or 'perspective'"),
     "render_mode": ("human", "None or 'rgb_array'"),
     "image_size": (0, "a positive integer or (height, width) of positive integers"),
+    "tasks": (["up"], "null or a list of distinct task names from forward, left, back, right"),
+    "instruction_length": (8, "an integer >= 26 (bytes of the longest instruction)"),
 }
 # device and seed come from the trainer (--cuda, --seed); given in --env-kwargs too they are refused as duplicates
 SET_BY_THE_TRAINER = {"device", "seed"}
@@ -95,6 +97,8 @@ def test_through_env_kwargs_it_is_one_error_line_naming_the_flag(tmp_path, kwarg
             )
         )
     message = str(e.value.code)
-    assert message.startswith("error: --env-kwargs / --env-id PushCubeRL: ") and "\n" not in message
+    # the eval envs inherit --env-kwargs (but not randomization options), and they are built first
+    assert message.startswith("error: --env-kwargs ") and "\n" not in message
+    assert "/ --env-id PushCubeRL: " in message
     assert f"PushCubeRL: {kwarg} must be {CASES[kwarg][1]}" in message
     assert not list(tmp_path.glob("*/summary.json"))  # no run started

@@ -10,6 +10,7 @@ import threading
 import time
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 def _agent_class(args):
@@ -234,23 +235,25 @@ def observing(obs_space, act_space, args):
     return Observing(obs_space, act_space, args)
 
 
-GRAD_NORMS: list[float | None] = []
-"""At every training forward of a `grad_norms` agent: the norm of the gradient its parameters hold then, i.e.
-the one the previous optimizer step used, after clipping (None before the first step)."""
+GRAD_NORMS: list[float] = []
+"""At every optimizer step over a `grad_norms` agent's parameters: the norm of the gradient that step uses (after
+clipping)."""
 
 
 def grad_norms(obs_space, act_space, args):
-    """The trainer's own Agent (or GRPO Actor), recording into `GRAD_NORMS` at every training forward."""
+    """The trainer's own Agent (or GRPO Actor), recording into `GRAD_NORMS` the gradient norm of every optimizer step
+    over its parameters (through torch.optim's global step pre-hook, which sees what the step is about to use)."""
+    agent = _agent_class(args)(obs_space, act_space, args)
+    mine = set(agent.parameters())
 
-    def hook(agent, d):
-        if torch.is_grad_enabled():
-            grads = [p.grad for p in agent.parameters() if p.grad is not None]
-            GRAD_NORMS.append(
-                float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))) if grads else None
-            )
-        return d
+    def before_step(optimizer, *_):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if params and all(p in mine for p in params):
+            grads = [p.grad.flatten() for p in params if p.grad is not None]
+            GRAD_NORMS.append(float(torch.linalg.vector_norm(torch.cat(grads))))
 
-    return _with_hook(args, hook, obs_space, act_space)
+    register_optimizer_step_pre_hook(before_step)
+    return agent
 
 
 def frozen_backbone(obs_space, act_space, args, width: int = 256):
