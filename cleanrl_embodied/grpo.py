@@ -14,9 +14,10 @@ is the share of *all* envs whose first episode succeeded within the horizon (one
 success; below the episode limit, long episodes are not left out), `grpo/finished_frac` the share whose first
 episode ended, `charts/episodic_return` / `_length` the means over the first episodes that ended.
 
-Read top to bottom: `Args`, the `Actor`, four pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
-`grpo_loss`) that torch.compile can wrap unchanged, then `main`. Flag checks, checkpoint loading, evaluation and
-Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
+Read top to bottom: `Args`, the `Actor`, the pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
+`grpo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps unchanged
+(`--compile`: by default where the run is long enough for it to pay), then `main`. Flag checks, checkpoint
+loading, evaluation and Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sampl
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
     load_checkpoint,
+    load_optimizer,
     load_start,
     note_schedule_change,
     rng_state,
@@ -54,6 +56,7 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    compiler,
     pick_device,
     seed_everything,
     stream_seed,
@@ -334,6 +337,22 @@ def grpo_loss(
     return loss, stats
 
 
+def backward_piece(
+    actor: Actor, piece: TensorDict, args: Args, denominator: torch.Tensor | int, share: torch.Tensor
+) -> tuple[torch.Tensor, TensorDict]:
+    """GRPO's loss on a piece of a minibatch (its sum over the whole minibatch's `denominator`, so that the pieces'
+    losses and gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the loss
+    and the statistics times `share` (the piece's share of the minibatch's alive samples), detached."""
+    loss, stats = grpo_loss(actor, piece, args, denominator)
+    loss.backward()
+    return loss.detach(), stats * share
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
     """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
     whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
@@ -433,12 +452,14 @@ def main(args: Args) -> dict:
     num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
     if start_iteration > num_iterations:
         fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
-    optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=1e-5)
+    params = [p for p in actor.parameters() if p.requires_grad]
+    # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
+    optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(optimizer, ckpt["optimizer"])
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
         note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         set_rng_state(ckpt["rng"])
@@ -446,9 +467,10 @@ def main(args: Args) -> dict:
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
-    policy, advantages_fn, loss_fn = policy_step, group_advantages, grpo_loss
-    if args.compile:
-        policy, advantages_fn, loss_fn = torch.compile(policy), torch.compile(advantages_fn), torch.compile(loss_fn)
+    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
+    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
+    policy, advantages_fn = compiled(policy_step), compiled(group_advantages)
+    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
     storage = rollout_storage(
         horizon,
@@ -473,7 +495,7 @@ def main(args: Args) -> dict:
     with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+                optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
             if iteration > start_iteration:  # the first iteration's starts were drawn above
                 next_obs, start_info = group_reset(envs, args, iteration)
 
@@ -531,16 +553,15 @@ def main(args: Args) -> dict:
                     n_alive = mb["mask"].sum().clamp_min(1)
                     denominator = n_alive if args.scale_adv else len(mb)  # of the whole minibatch
                     optimizer.zero_grad(set_to_none=True)
-                    loss, stats = 0.0, 0.0  # the minibatch's loss and alive means, accumulated piece by piece
+                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
                     for piece in mb.split(micro_batch_size):
                         with amp():
-                            piece_loss, piece_stats = loss_fn(actor, piece, args, denominator)
-                        piece_loss.backward()
-                        loss, stats = loss + piece_loss.detach(), stats + piece_stats * (piece["mask"].sum() / n_alive)
-                    grad_norm = nn.utils.clip_grad_norm_(actor.parameters(), args.max_grad_norm)
+                            out = backward_fn(actor, piece, args, denominator, piece["mask"].sum() / n_alive)
+                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
+                    grad_norm = clip_fn(params, args.max_grad_norm)
                     if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
                         continue
-                    optimizer.step()
+                    step_fn()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
                 if args.target_kl is not None and epoch_kl and float(torch.stack(epoch_kl).mean()) > args.target_kl:

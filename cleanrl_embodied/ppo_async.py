@@ -53,7 +53,14 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import (
+    env_record,
+    load_optimizer,
+    load_start,
+    note_schedule_change,
+    rng_state,
+    set_rng_state,
+)
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
@@ -62,6 +69,7 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    compiler,
     pick_device,
     seed_everything,
     stream_seed,
@@ -354,6 +362,20 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     return loss, stats
 
 
+def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
+    """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
+    gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
+    statistics, detached (summed over the pieces they are the minibatch's)."""
+    loss, stats = ppo_loss(agent, piece, args)
+    (loss * weight).backward()
+    return loss.detach() * weight, stats * weight
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def scale_rewards(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -596,10 +618,14 @@ def main(args: Args) -> dict:
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
     envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    params = [p for p in agent.parameters() if p.requires_grad]
+    # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
+    optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
-    gae, loss_fn = (torch.compile(compute_gae), torch.compile(ppo_loss)) if args.compile else (compute_gae, ppo_loss)
+    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
+    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile (learner side), or eager
+    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
@@ -609,7 +635,7 @@ def main(args: Args) -> dict:
     consumed, version, global_step, dropped = 0, 0, 0, 0
     collector = Collector(envs, inference_agent, args, num_iterations, device)  # resets the envs
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         consumed, version, dropped = ckpt["iteration"], ckpt["version"], ckpt["dropped"]
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
@@ -655,7 +681,7 @@ def main(args: Args) -> dict:
         with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
             while consumed < num_iterations:
                 if args.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - consumed / num_iterations)
+                    optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - consumed / num_iterations))
                 wait_start = time.time()
                 item = collector.get()
                 wait_s, update_start = time.time() - wait_start, time.time()
@@ -678,7 +704,7 @@ def main(args: Args) -> dict:
                         values = value_of(data["obs"])
                         next_values = torch.cat([values[1:], agent.get_value(item["next_obs"])[None]])
                         next_values = torch.where(data["done"], value_of(data["final_obs"]), next_values)
-                    advantages, returns = gae(
+                    advantages, returns = compute_gae(
                         rewards, values, next_values, data["terminated"], data["done"], discounts, args.gae_lambda
                     )
 
@@ -696,17 +722,15 @@ def main(args: Args) -> dict:
                             mb = batch[perm[start : start + minibatch_size]]
                             mb = normalize_advantages(mb) if args.norm_adv else mb
                             optimizer.zero_grad(set_to_none=True)
-                            loss, mb_stats = 0.0, 0.0  # the minibatch's means, accumulated piece by piece
+                            loss = mb_stats = None  # the minibatch's, summed over its pieces (gradients add up)
                             for piece in mb.split(micro_batch_size):
                                 with amp():
-                                    piece_loss, piece_stats = loss_fn(agent, piece, args)
-                                weight = len(piece) / minibatch_size
-                                (piece_loss * weight).backward()
-                                loss, mb_stats = loss + piece_loss.detach() * weight, mb_stats + piece_stats * weight
-                            grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                                    out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
+                                loss, mb_stats = out if loss is None else (loss + out[0], mb_stats + out[1])
+                            grad_norm = clip_fn(params, args.max_grad_norm)
                             if not guard.ok(loss, grad_norm, global_step + rollout_steps):  # the step it logs at
                                 continue
-                            optimizer.step()
+                            step_fn()
                             epoch_kl.append(mb_stats["approx_kl"])
                             update_stats.append(mb_stats)
                         if (

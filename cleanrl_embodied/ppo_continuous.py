@@ -5,8 +5,9 @@
         --gamma 0.99 --gae-lambda 0.95 --num-minibatches 32 --update-epochs 10 --learning-rate 3e-4 \
         --norm-obs --norm-reward --total-timesteps 500000
 
-Read top to bottom: `Args`; the `Agent` (with its observation normalizer); three pure functions
-(`policy_step`, `compute_gae`, `ppo_loss`) that torch.compile can wrap unchanged; then `main` with the
+Read top to bottom: `Args`; the `Agent` (with its observation normalizer); the pure functions (`policy_step`,
+`compute_gae`, `ppo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps
+unchanged (`--compile`: by default where the run is long enough for it to pay); then `main` with the
 training loop. Environments come from `cleanrl_embodied.shared`: torch tensors on the device, Gymnasium's
 SAME_STEP autoreset with `info["final_obs"]`, on-device episode statistics. Flag checks, checkpoint
 loading, the evaluation loop and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the
@@ -32,7 +33,14 @@ from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import (
+    env_record,
+    load_optimizer,
+    load_start,
+    note_schedule_change,
+    rng_state,
+    set_rng_state,
+)
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
@@ -41,6 +49,7 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    compiler,
     pick_device,
     seed_everything,
     stream_seed,
@@ -336,12 +345,12 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
 
 
 def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
-    """PPO's loss on a piece of a minibatch, backpropagated scaled by `weight` (the piece's share of the minibatch,
-    so the pieces' gradients add up to the minibatch's) into the parameters' `.grad`; returns the piece's loss and
-    statistics, detached. (This and `clip_gradients` are what --compile compiles.)"""
+    """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
+    gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
+    statistics, detached (summed over the pieces they are the minibatch's)."""
     loss, stats = ppo_loss(agent, piece, args)
     (loss * weight).backward()
-    return loss.detach(), stats
+    return loss.detach() * weight, stats * weight
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -396,18 +405,19 @@ def main(args: Args) -> dict:
 
     env_seed = stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
     envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    params = [p for p in agent.parameters() if p.requires_grad]
+    # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
+    optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
     # compiled or graph-captured code then never sees the autograd-tracking module.
     agent_inference = make_agent(eval_envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    policy, value_fn = partial(policy_step, agent_inference), agent_inference.get_value
-    gae, loss_fn = compute_gae, ppo_loss
-    if args.compile:
-        policy, value_fn = torch.compile(policy), torch.compile(value_fn)
-        gae, loss_fn = torch.compile(compute_gae), torch.compile(ppo_loss)
+    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
+    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
+    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
@@ -416,7 +426,7 @@ def main(args: Args) -> dict:
     global_step, start_iteration = 0, 1
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         evaluator.best_key = tuple(ckpt["best_key"])
@@ -477,7 +487,7 @@ def main(args: Args) -> dict:
     with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+                optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
 
             # ---- rollout: no host sync inside this loop on a GPU ----
             rollout_stats = RolloutStats(device, task_names)
@@ -512,7 +522,7 @@ def main(args: Args) -> dict:
                     rewards = scale_rewards(
                         rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward
                     )
-                advantages, returns = gae(
+                advantages, returns = compute_gae(
                     rewards,
                     storage["value"],
                     next_values,
@@ -533,17 +543,15 @@ def main(args: Args) -> dict:
                     mb = batch[perm[start : start + minibatch_size]]
                     mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
-                    loss, stats = 0.0, 0.0  # the minibatch's means, accumulated piece by piece
+                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
                     for piece in mb.split(micro_batch_size):
                         with amp():
-                            piece_loss, piece_stats = loss_fn(agent, piece, args)
-                        weight = len(piece) / minibatch_size
-                        (piece_loss * weight).backward()
-                        loss, stats = loss + piece_loss.detach() * weight, stats + piece_stats * weight
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                            out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
+                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
+                    grad_norm = clip_fn(params, args.max_grad_norm)
                     if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
                         continue
-                    optimizer.step()
+                    step_fn()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
                 if args.target_kl is not None and epoch_kl and float(torch.stack(epoch_kl).mean()) > args.target_kl:

@@ -39,7 +39,14 @@ from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
-from cleanrl_embodied.shared.checkpoints import env_record, load_start, note_schedule_change, rng_state, set_rng_state
+from cleanrl_embodied.shared.checkpoints import (
+    env_record,
+    load_optimizer,
+    load_start,
+    note_schedule_change,
+    rng_state,
+    set_rng_state,
+)
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
 from cleanrl_embodied.shared.distributed import check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
@@ -49,6 +56,7 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    compiler,
     pick_device,
     seed_everything,
     stream_seed,
@@ -371,6 +379,20 @@ def sync_gradients(params: list[torch.Tensor], world_size: int, loss: torch.Tens
     return flat[-1]
 
 
+def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
+    """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
+    gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
+    statistics, detached (summed over the pieces they are the minibatch's)."""
+    loss, stats = ppo_loss(agent, piece, args)
+    (loss * weight).backward()
+    return loss.detach() * weight, stats * weight
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def scale_rewards(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -454,18 +476,18 @@ def train(
             return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
         return {"run_dir": None, "eval": None, "global_step": ckpt["global_step"]}
 
-    params = list(agent.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5)
+    params = [p for p in agent.parameters() if p.requires_grad]
+    # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
+    optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style).
     agent_inference = make_agent(envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    policy, value_fn = partial(policy_step, agent_inference), agent_inference.get_value
-    gae, loss_fn = compute_gae, ppo_loss
-    if args.compile:
-        policy, value_fn = torch.compile(policy), torch.compile(value_fn)
-        gae, loss_fn = torch.compile(compute_gae), torch.compile(ppo_loss)
+    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
+    compiled = compiler(args.compile, device, updates, logger.write if rank == 0 else lambda _: None)
+    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
@@ -474,7 +496,7 @@ def train(
     global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step = ckpt["global_step"]  # iterations are counted in this run's global batches:
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
@@ -554,7 +576,7 @@ def train(
     with StopFlag(say, absorb_repeats=True) as stop:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+                optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
 
             # ---- rollout on this rank: no collective (and on a GPU no host sync) inside this loop ----
             rollout_stats = RolloutStats(device, task_names)
@@ -596,7 +618,7 @@ def train(
                     rewards = scale_rewards(
                         rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward, world_size
                     )
-                advantages, returns = gae(
+                advantages, returns = compute_gae(
                     rewards,
                     storage["value"],
                     next_values,
@@ -617,18 +639,16 @@ def train(
                     mb = batch[perm[start : start + minibatch_size]]
                     mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
-                    loss, stats = 0.0, 0.0  # the minibatch's means, accumulated piece by piece
+                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
                     for piece in mb.split(micro_batch_size):
                         with amp():
-                            piece_loss, piece_stats = loss_fn(agent, piece, args)
-                        weight = len(piece) / minibatch_size
-                        (piece_loss * weight).backward()
-                        loss, stats = loss + piece_loss.detach() * weight, stats + piece_stats * weight
+                            out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
+                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
                     mean_loss = sync_gradients(params, world_size, loss)
-                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                    grad_norm = clip_fn(params, args.max_grad_norm)
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
-                    optimizer.step()
+                    step_fn()
                     epoch_kl.append(stats["approx_kl"])
                     update_stats.append(stats)
                 if args.target_kl is not None and epoch_kl:  # skips agree, so every rank has the same count here

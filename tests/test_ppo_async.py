@@ -279,7 +279,7 @@ def test_runs_on_cuda(tmp_path):
 
 
 def test_compile_and_eval_checkpoint(tmp_path):
-    out = ppo_async.main(tiny_args(tmp_path / "a", iterations=3, compile=True))
+    out = ppo_async.main(tiny_args(tmp_path / "a", iterations=3, compile="on"))
     last = Path(out["run_dir"]) / "checkpoints" / "last.pt"
     ckpt = torch.load(last, weights_only=True)
     assert not any("_orig_mod" in k for k in ckpt["model"]) and ckpt["global_step"] == 240

@@ -239,9 +239,9 @@ def test_compile_flag_trains_and_saves_plain_state_dict(tmp_path):
     import torch._inductor.config as inductor_config
 
     with inductor_config.patch(fallback_random=True):  # compiled sampling draws what eager draws
-        runs = {c: ppo.main(tiny_args(tmp_path / str(c), compile=c, **common)) for c in (True, False)}
+        runs = {c: ppo.main(tiny_args(tmp_path / c, compile=c, **common)) for c in ("on", "off")}
     compiled, eager = (
-        torch.load(Path(runs[c]["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for c in (True, False)
+        torch.load(Path(runs[c]["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for c in ("on", "off")
     )
     assert not any("_orig_mod" in k for k in compiled["model"]) and compiled["model"].keys() == eager["model"].keys()
     assert compiled["global_step"] == 160

@@ -29,6 +29,7 @@ __all__ = [
     "check_dims",
     "env_record",
     "load_checkpoint",
+    "load_optimizer",
     "note_schedule_change",
     "observation_layout",
     "rng_state",
@@ -254,6 +255,17 @@ def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -
             what = f"observation entry {i} is {_describe_leaf(there[i])} there, {_describe_leaf(here[i])} here"
         fail(f"{flag(flag_name)}: the checkpoint's {what} (pass the env options it was trained with)", show)
     return obs_dim, act_dim
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, keeping each learning rate the tensor it was (a compiled optimizer step
+    reads it without recompiling when the schedule changes it); a checkpoint's plain float learning rate (older
+    runs) is copied into that tensor."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        if isinstance(lr, torch.Tensor):
+            group["lr"] = lr.fill_(float(group["lr"]))
 
 
 def rng_state() -> dict:

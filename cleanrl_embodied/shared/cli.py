@@ -84,8 +84,10 @@ class RunArgs:
     """continue training from this checkpoint (counters, optimizer, schedule, RNG and env state)"""
     max_consecutive_skips: int = 10
     """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
-    compile: bool = False
-    """torch.compile the rollout's policy step and the update's pure functions"""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile the update (loss, backward, gradient clipping, optimizer step) and the rollout's policy step;
+    auto: when the run is long enough for it to pay (shared/runtime.py COMPILE_PAYS_AFTER); eager where compiling
+    does not work here"""
     policy: str | None = None
     """build the agent with this `module:factory` instead of the script's own network (docs/POLICIES.md)"""
     policy_kwargs: str = "{}"

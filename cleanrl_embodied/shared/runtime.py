@@ -3,6 +3,7 @@ SIGTERM) and the watch for non-finite env data."""
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 from collections.abc import Callable
@@ -15,7 +16,16 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.tensordict_helpers import finite_rows
 
-__all__ = ["STREAMS", "NonFiniteWatch", "StopFlag", "pick_device", "seed_everything", "stream_seed"]
+__all__ = [
+    "COMPILE_PAYS_AFTER",
+    "STREAMS",
+    "NonFiniteWatch",
+    "StopFlag",
+    "compiler",
+    "pick_device",
+    "seed_everything",
+    "stream_seed",
+]
 
 STREAMS = {
     "torch": "torch's global generator: network init, action sampling in rollouts, minibatch shuffles (per rank)",
@@ -44,6 +54,35 @@ def stream_seed(seed: int, stream: str, index: int = 0) -> int:
 def pick_device(cuda: bool) -> torch.device:
     """CUDA when asked for and present, else the CPU."""
     return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
+
+
+COMPILE_PAYS_AFTER = 2000
+"""Minibatch updates a run must plan for ``--compile auto`` to compile: below it, compiling (seconds, once per
+process) costs more than it saves (fractions of a millisecond per update; benchmarks/update_speed.py)."""
+
+
+@functools.cache
+def _compile_works(device_type: str) -> str | None:
+    """None if torch.compile builds and runs code for this device type here, else why not (one line)."""
+    try:
+        torch.compile(lambda x: torch.tanh(x) * 2 + 1)(torch.ones(4, device=device_type))
+        return None
+    except Exception as e:  # noqa: BLE001 - a missing compiler, Triton, an unsupported Python: all mean "eager"
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def compiler(setting: str, device: torch.device, updates: int, say: Callable[[str], None]) -> Callable:
+    """What ``--compile`` asks for, as a function that wraps the update's pure functions: ``torch.compile`` for
+    ``"on"``, and for ``"auto"`` when the run plans at least :data:`COMPILE_PAYS_AFTER` minibatch updates
+    (``updates``); else, or where compiling does not work on this machine (``say`` tells why, once), the identity:
+    the same functions run eager."""
+    if setting == "off" or (setting == "auto" and updates < COMPILE_PAYS_AFTER):
+        return lambda fn: fn
+    reason = _compile_works(device.type)
+    if reason is not None:
+        say(f"warning: --compile {setting}: torch.compile does not work here ({reason}); the update runs eager")
+        return lambda fn: fn
+    return torch.compile
 
 
 def seed_everything(seed: int, torch_deterministic: bool, rank: int = 0) -> None:
