@@ -244,7 +244,8 @@ def measure_training(args: Args) -> list[dict]:
                 for n in args.num_envs if device == "cpu" else args.cuda_num_envs:
                     row = {"device": device, "script": script, "num_envs": n}
                     flags = training_flags(script, n, args.iterations, device, args.extra)
-                    for mode, mode_flags in (("eager", ["--compile", "off"]), ("compile", ["--compile", "on"]))[: 1 + args.compile]:
+                    modes = (("eager", ["--compile", "off"]), ("compile", ["--compile", "on"]))[: 1 + args.compile]
+                    for mode, mode_flags in modes:
                         row[mode] = run_training(script, flags + mode_flags, args.threads, Path(tmp), args.skip)
                         print(
                             f"train {device} {script} num_envs={n} {mode}: steady {row[mode]['steady_sps']:,.0f} "
