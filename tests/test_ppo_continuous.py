@@ -276,6 +276,8 @@ def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
             "0",
             "--eval-freq",
             "0",
+            "--compile",
+            "off",  # (a run this long would compile first; Ctrl-C is what is tested here)
         ],
         env=env,
         stdout=subprocess.PIPE,
