@@ -41,9 +41,12 @@ from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
+    frozen_fingerprint,
     load_checkpoint,
+    load_model_state,
     load_optimizer,
     load_start,
+    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
@@ -374,7 +377,8 @@ def save_checkpoints(
     paths: list,
     args: Args,
     actor: nn.Module,
-    ref_actor: nn.Module,
+    ref_actor: nn.Module | None,
+    frozen: str,
     optimizer,
     envs,
     evaluator: Evaluator,
@@ -383,18 +387,20 @@ def save_checkpoints(
     num_iterations: int,
 ) -> None:
     """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
+    trained = model_state(actor)  # the reference's entries that may differ from the frozen weights: the same keys
     state = {
         "script": "grpo",
         "args": dataclasses.asdict(args),
-        "model": actor.state_dict(),
-        "ref_model": ref_actor.state_dict(),
+        "model": trained,  # trainable parameters and buffers
+        "frozen": frozen,
+        "ref_model": None if ref_actor is None else {k: ref_actor.state_dict()[k] for k in trained},  # None: own
         "optimizer": optimizer.state_dict(),
         "iteration": iteration,
         "global_step": global_step,
         "num_iterations": num_iterations,
         "best_key": list(evaluator.best_key),
         "obs_dim": flat_dim(envs.single_observation_space),
-        "act_dim": envs.single_action_space.shape[0],
+        "act_dim": int(np.prod(envs.single_action_space.shape)),
         "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
         "rng": rng_state(),
         "env_state": env_state_dict(envs),
@@ -420,14 +426,27 @@ def main(args: Args) -> dict:
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
-    actor, ref_actor = make_agent(eval_envs, args).to(device), make_agent(eval_envs, args).to(device)
-    if ref_ckpt is not None:  # the policy starts from the reference too (a ppo_continuous critic is dropped)
-        actor.load_state_dict({k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()})
-    # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy
-    ref_actor.load_state_dict(ckpt["ref_model"] if args.resume and ref_ckpt is None else actor.state_dict())
-    ref_actor.requires_grad_(False)
+    actor = make_agent(eval_envs, args).to(device)
+    own_reference = hasattr(actor, "reference_dist")  # a policy that keeps its reference (e.g. LoRA adapters off)
+    if own_reference and args.ref_checkpoint:
+        fail(
+            f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point the "
+            "policy at the reference weights instead (e.g. its model_path)"
+        )
+    if ref_ckpt is not None:  # the policy starts from the reference too (a PPO trainer's critic is dropped)
+        mine = {k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()}
+        load_model_state(actor, {**ref_ckpt, "model": mine}, "ref_checkpoint", args.ref_checkpoint)
+    # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy; a frozen copy, unless
+    # the policy provides its own
+    ref_actor = None if own_reference else make_agent(eval_envs, args).to(device)
+    if ref_actor is not None:
+        resumed_ref = args.resume and ref_ckpt is None and ckpt["ref_model"] is not None
+        ref_actor.load_state_dict(ckpt["ref_model"] if resumed_ref else actor.state_dict(), strict=False)
+        ref_actor.requires_grad_(False)
     if ckpt is not None:
-        actor.load_state_dict(ckpt["model"])
+        load_model_state(actor, ckpt, ckpt_flag, getattr(args, ckpt_flag))
+    frozen = frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
+    reference = actor.reference_dist if ref_actor is None else ref_actor.dist
     act = partial(eval_action, actor, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         logger = RunLogger("grpo", args)
@@ -540,7 +559,7 @@ def main(args: Args) -> dict:
                 batch = storage.select("obs", "action", "logprob").reshape(-1)
                 batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
                 with amp():
-                    ref_dist = ref_actor.dist(batch["obs"])
+                    ref_dist = reference(batch["obs"])
                 batch["ref_logprob"] = ref_dist.log_prob(batch["action"]).flatten(1).sum(-1)
 
             # ---- PPO-clip update over the masked samples ----
@@ -615,6 +634,7 @@ def main(args: Args) -> dict:
                     args,
                     actor,
                     ref_actor,
+                    frozen,
                     optimizer,
                     envs,
                     evaluator,

@@ -35,8 +35,11 @@ from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
+    frozen_fingerprint,
+    load_model_state,
     load_optimizer,
     load_start,
+    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
@@ -396,7 +399,8 @@ def main(args: Args) -> dict:
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
-        agent.load_state_dict(ckpt["model"])
+        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
+    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = RunLogger("ppo_continuous", args, total_iterations=num_iterations)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
@@ -445,7 +449,8 @@ def main(args: Args) -> dict:
         state = {
             "script": "ppo_continuous",
             "args": dataclasses.asdict(args),
-            "model": agent.state_dict(),
+            "model": model_state(agent),  # trainable parameters and buffers
+            "frozen": frozen,
             "optimizer": optimizer.state_dict(),
             "reward_rms": reward_rms.state_dict(),
             "reward_trace": reward_trace,

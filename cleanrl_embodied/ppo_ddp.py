@@ -41,14 +41,17 @@ from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
+    frozen_fingerprint,
+    load_model_state,
     load_optimizer,
     load_start,
+    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
 )
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.distributed import check_in_sync, process_group
+from cleanrl_embodied.shared.distributed import broadcast_model, check_in_sync, process_group
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
@@ -461,10 +464,10 @@ def train(
     envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
     obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["model"])
-    for tensor in agent.state_dict().values():  # every rank starts from rank 0's weights, whatever its RNG did
-        dist.broadcast(tensor, src=0)
+    broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
+    if ckpt is not None:  # (after the broadcast: every rank checks the same frozen weights, so all agree)
+        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag), show=rank == 0)
+    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
     evaluator = (
         Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 else None
@@ -526,7 +529,8 @@ def train(
         state = {
             "script": "ppo_ddp",
             "args": dataclasses.asdict(args),
-            "model": agent.state_dict(),
+            "model": model_state(agent),  # trainable parameters and buffers
+            "frozen": frozen,
             "optimizer": optimizer.state_dict(),
             "reward_rms": reward_rms.state_dict(),
             "iteration": iteration,

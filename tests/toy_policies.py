@@ -3,6 +3,7 @@ or a delay added, built through the public policy hook instead of replacing a sc
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import signal
@@ -254,6 +255,22 @@ def grad_norms(obs_space, act_space, args):
 
     register_optimizer_step_pre_hook(before_step)
     return agent
+
+
+def own_reference(obs_space, act_space, args):
+    """grpo's Actor keeping a frozen copy of its initial self as its KL reference (``reference_dist``), as a LoRA
+    policy keeps its base (adapters off): grpo then needs no copy of the policy."""
+    base = _agent_class(args)
+
+    class OwnReference(base):
+        def __init__(self, *spaces_and_args):
+            super().__init__(*spaces_and_args)
+            self.initial = copy.deepcopy(self).requires_grad_(False)
+
+        def reference_dist(self, obs):
+            return self.initial.dist(obs)
+
+    return OwnReference(obs_space, act_space, args)
 
 
 def frozen_backbone(obs_space, act_space, args, width: int = 256):

@@ -8,6 +8,7 @@ safely and says, in one line, why a file cannot serve the run at hand. Files are
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import random
@@ -28,8 +29,11 @@ __all__ = [
     "HARMLESS_ENV_KWARGS",
     "check_dims",
     "env_record",
+    "frozen_fingerprint",
     "load_checkpoint",
+    "load_model_state",
     "load_optimizer",
+    "model_state",
     "note_schedule_change",
     "observation_layout",
     "rng_state",
@@ -255,6 +259,52 @@ def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -
             what = f"observation entry {i} is {_describe_leaf(there[i])} there, {_describe_leaf(here[i])} here"
         fail(f"{flag(flag_name)}: the checkpoint's {what} (pass the env options it was trained with)", show)
     return obs_dim, act_dim
+
+
+def model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of a model: its state dict without the frozen parameters (``requires_grad`` off),
+    i.e. the trainable parameters and the buffers, detached. A pretrained backbone that is not trained (a VLA
+    fine-tuned with LoRA) is thus never written: its factory builds it again, and :func:`frozen_fingerprint`
+    checks that it is the same. For the trainers' own agents, which train everything, this is the whole state."""
+    state = module.state_dict(keep_vars=True)
+    return {k: v.detach() for k, v in state.items() if not (isinstance(v, torch.nn.Parameter) and not v.requires_grad)}
+
+
+def frozen_fingerprint(module: torch.nn.Module) -> str:
+    """SHA-256 of the frozen parameters' names, shapes, dtypes and bytes (in name order): what a checkpoint
+    records of the part of the model it does not hold ("" when everything trains)."""
+    frozen = sorted((k, v) for k, v in module.state_dict(keep_vars=True).items()
+                    if isinstance(v, torch.nn.Parameter) and not v.requires_grad)  # fmt: skip
+    if not frozen:
+        return ""
+    digest = hashlib.sha256()
+    for name, value in frozen:
+        tensor = value.detach().contiguous().cpu()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def load_model_state(module: torch.nn.Module, ckpt: dict, flag_name: str, path: str, show: bool = True) -> None:
+    """Load a checkpoint's ``"model"`` (:func:`model_state`) into ``module``, built by the same factory: the
+    entries it holds must be exactly the module's trainable parameters and buffers, and its frozen parameters
+    must be the ones the checkpoint was trained on (``ckpt["frozen"]``, :func:`frozen_fingerprint`; checkpoints
+    written before it was recorded hold every entry); otherwise one line naming ``flag_name`` and ``path``."""
+    if ckpt.get("frozen") is not None and ckpt["frozen"] != frozen_fingerprint(module):
+        fail(
+            f"{flag(flag_name)} {path}: the policy's frozen weights (e.g. a pretrained backbone) are not the ones this "
+            "checkpoint was trained on; build them as that run did (the same --policy-kwargs model_path, --seed)",
+            show,
+        )
+    expected = set(model_state(module)) if ckpt.get("frozen") is not None else set(module.state_dict())
+    if set(ckpt["model"]) != expected:
+        missing, extra = sorted(expected - set(ckpt["model"])), sorted(set(ckpt["model"]) - expected)
+        fail(
+            f"{flag(flag_name)} {path}: the checkpoint's model does not fit this policy (missing {missing[:3]}, "
+            f"unexpected {extra[:3]}); pass the --policy and --policy-kwargs it was trained with",
+            show,
+        )
+    module.load_state_dict(ckpt["model"], strict=False)
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:

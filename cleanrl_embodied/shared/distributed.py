@@ -11,9 +11,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
 from cleanrl_embodied.shared.cli import fail
 
-__all__ = ["check_in_sync", "process_group"]
+__all__ = ["broadcast_model", "check_in_sync", "process_group"]
 
 
 def _join(backend: str, cuda: bool, timeout_s: int, create: bool) -> tuple[torch.device, str]:
@@ -71,9 +72,25 @@ def process_group(backend: str, cuda: bool, timeout_s: int) -> Iterator[tuple[to
             dist.destroy_process_group()
 
 
+def broadcast_model(module: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's weights. Rank 0's trainable parameters and buffers (``model_state``) are
+    broadcast in place; the frozen ones too, but only where some rank built other frozen weights (their
+    fingerprints differ: a randomly initialized frozen part): a pretrained backbone every rank loads from the same
+    model_path is never sent."""
+    for tensor in model_state(module).values():
+        dist.broadcast(tensor, src=0)
+    prints = [None] * dist.get_world_size()
+    dist.all_gather_object(prints, frozen_fingerprint(module))
+    if len(set(prints)) > 1:
+        for value in module.parameters():
+            if not value.requires_grad:
+                dist.broadcast(value.data, src=0)
+
+
 def check_in_sync(module: torch.nn.Module, rank: int, when: str) -> None:
-    """Fail on every rank unless all ranks hold rank 0's parameters and buffers bit for bit."""
-    flat = torch.cat([t.detach().double().reshape(-1) for t in module.state_dict().values()])  # float32 -> 64 exact
+    """Fail on every rank unless all ranks hold rank 0's trainable parameters and buffers bit for bit (the frozen
+    ones never change after :func:`broadcast_model` compared them)."""
+    flat = torch.cat([t.double().reshape(-1) for t in model_state(module).values()])  # float32 -> 64 exact
     reference = flat.clone()
     dist.broadcast(reference, src=0)
     differs = torch.tensor([float(not torch.equal(flat, reference))], device=flat.device)
