@@ -21,8 +21,8 @@ What to expect: with collection time C and update time U per iteration, one coll
 at best turn C + U into max(C, U), a speed-up of at most 2 (reached when C = U). With latency L ms per step and
 T steps a rollout, C grows by T * L; once C >> U the speed-up falls back towards 1.
 
-Writes `async.png`, `async.md`, `async.json` to `--out` (default benchmarks/results/async-<cpu|cuda>/) and
-replaces the `async-<cpu|cuda>` section of benchmarks/RESULTS.md.
+Writes `async.png`, `async.md`, `async.json` to `--out` (default docs/results/async-<cpu|cuda>/) and
+replaces the `async-<cpu|cuda>` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import numpy as np
 import rlstats
 import tyro
 from benchlib import (
-    BENCH,
     REPO,
+    RESULTS_DIR,
     RESULTS_MD,
     SCRIPTS_DIR,
     describe_machine,
@@ -72,7 +72,7 @@ class Args:
     threads: int = 1
     """OMP_NUM_THREADS of every run"""
     out: str | None = None
-    """output folder (default benchmarks/results/async-<cpu|cuda>)"""
+    """output folder (default docs/results/async-<cpu|cuda>)"""
     results_md: str = str(RESULTS_MD)
     """markdown file whose 'async-<device>' section is replaced ('' leaves it alone)"""
 
@@ -226,7 +226,7 @@ def main(args: Args) -> None:
     if args.seeds < 1 or args.total_timesteps < 1 or args.threads < 1 or not args.latencies or min(args.latencies) < 0:
         raise SystemExit("error: --seeds, --total-timesteps and --threads must be positive, --latencies >= 0")
     device = "cuda" if args.cuda else "cpu"
-    out = Path(args.out) if args.out else BENCH / "results" / f"async-{device}"
+    out = Path(args.out) if args.out else RESULTS_DIR / f"async-{device}"
     out.mkdir(parents=True, exist_ok=True)
     data = {
         "invocation": "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),

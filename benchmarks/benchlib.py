@@ -1,7 +1,7 @@
 """Helpers shared by run.py and speed.py: machine description, flag files, TensorBoard scalars, markdown.
 
 Nothing here knows about a particular trainer: runs are read back from what every script writes
-(summary.json and TensorBoard scalars, docs/RUNS.md).
+(summary.json and TensorBoard scalars, docs/runs.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 SCRIPTS_DIR = REPO / "cleanrl_embodied"
 CONFIG_DIR = BENCH / "configs"
-RESULTS_MD = BENCH / "RESULTS.md"
+RESULTS_DIR = REPO / "docs" / "results"  # plots and reports: under the docs site's folder, which serves them
+RESULTS_MD = REPO / "docs" / "benchmarks.md"  # the site's benchmarks page: each suite writes its own section
 
 
 # ---- machine and software ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ state and of the state after the reset. Reported: the median over `--rounds` of 
 
 Writes `speed.md`, `speed.json`, `speed.png` (steps/s, log scale) and example observations (`examples_64.png`:
 4 envs at reset and after 10 and 20 random steps, 64 x 64 upscaled 4x; `examples_128.png` the same at 128) to
-`--out` (default benchmarks/results/push_cube_rgb_speed/).
+`--out` (default docs/results/push_cube_rgb_speed/).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tyro  # noqa: E402
-from benchlib import BENCH, REPO, describe_machine, git_info, machine_info, md_table, package_versions  # noqa: E402
+from benchlib import REPO, RESULTS_DIR, describe_machine, git_info, machine_info, md_table, package_versions  # noqa: E402
 
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv  # noqa: E402
 
@@ -52,7 +52,7 @@ class Args:
     threads: int = 1
     """torch threads (and OMP_NUM_THREADS)"""
     device: str = "cpu"
-    out: str = str(BENCH / "results" / "push_cube_rgb_speed")
+    out: str = str(RESULTS_DIR / "push_cube_rgb_speed")
     examples: bool = True
     """also save example observations (PNG)"""
 

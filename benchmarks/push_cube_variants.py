@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import tyro
-from benchlib import CONFIG_DIR, REPO, md_table, merge_flags, read_flags, read_scalars, shell_command
+from benchlib import CONFIG_DIR, REPO, RESULTS_DIR, md_table, merge_flags, read_flags, read_scalars, shell_command
 
 # Variant name -> PushCubeRL env kwargs (JSON for --env-kwargs).
 VARIANTS = {
@@ -54,7 +54,7 @@ class Args:
     source: str | None = None
     """checkout to run the trainer and package from (default: this one)"""
     tag: str = "variants"
-    out: str = str(REPO / "benchmarks" / "results" / "push-cube-variants")
+    out: str = str(RESULTS_DIR / "push-cube-variants")
     runs_dir: str = str(REPO / "runs" / "push-cube-variants")
     kwargs: dict[str, str] = field(default_factory=dict)
     """extra env kwargs per variant as JSON, e.g. --kwargs default '{"max_episode_steps": 100}'"""

@@ -1,7 +1,7 @@
 """Does the code at hand still train the published runs? Re-run the runs of a results folder with their exact
 commands up to an env step, and compare their curves with the published ones, point by point and exactly.
 
-    uv run python benchmarks/recheck.py --results benchmarks/results/full-cpu --until-step 104448 --seeds 1
+    uv run python benchmarks/recheck.py --results docs/results/full-cpu --until-step 104448 --seeds 1
 
 On the CPU the same command gives the same numbers bit for bit, so identical training points say more than a
 re-run landing inside the old confidence interval: the code trains the very runs the table describes, and
@@ -33,7 +33,7 @@ from benchlib import REPO, md_table, read_scalars  # noqa: E402
 
 @dataclass
 class Args:
-    results: str = "benchmarks/results/full-cpu"
+    results: str = "docs/results/full-cpu"
     """a results folder written by run.py (its runs.json)"""
     until_step: int = 104_448
     """stop each run once it has logged this env step (the whole run if larger than its budget)"""

@@ -8,14 +8,14 @@
 
 Each (script, task, seed) runs `python cleanrl_embodied/<script>.py ...` in its own process, one after
 another (threads pinned with OMP_NUM_THREADS), and is read back from its summary.json and TensorBoard
-scalars. Written to `--out` (default `benchmarks/results/<name>/`, `--name` by default `<suite>-<device>`):
+scalars. Written to `--out` (default `docs/results/<name>/`, `--name` by default `<suite>-<device>`):
 
 - `<task>.png`: eval success (or return) vs env steps and vs wall time, mean over seeds with a 95%
   bootstrap band;
 - `report.md`: per task and script, final eval success and return as mean ± std and IQM with a 95%
   stratified bootstrap CI (rliable's method, see rlstats.py), env steps and wall time until the eval
   metric first reaches the task's threshold, wall time and SPS; the machine, versions, git sha and the
-  exact command of every run; the same text replaces the `<name>` section of benchmarks/RESULTS.md;
+  exact command of every run; the same text replaces the `<name>` section of docs/benchmarks.md;
 - `runs.json`: everything the report is drawn from (curves included), so `--report-only` redraws it;
 - `runs/`: the run directories themselves (TensorBoard, summary.json, last.pt, stdout.log; not committed).
 
@@ -49,9 +49,9 @@ import numpy as np
 import rlstats
 import tyro
 from benchlib import (
-    BENCH,
     CONFIG_DIR,
     REPO,
+    RESULTS_DIR,
     RESULTS_MD,
     SCRIPTS_DIR,
     describe_machine,
@@ -124,10 +124,10 @@ class Args:
     ddp_nproc: int = 1
     """processes per ppo_ddp run: 1 runs the script directly (a world of one), more go through torchrun"""
     name: str | None = None
-    """name of this set of runs: its output folder and its RESULTS.md section (default <suite>-<device>; give
+    """name of this set of runs: its output folder and its docs/benchmarks.md section (default <suite>-<device>; give
     one when --scripts/--tasks pick a part of a suite, or the part replaces the whole suite's report)"""
     out: str | None = None
-    """output folder (default benchmarks/results/<name>)"""
+    """output folder (default docs/results/<name>)"""
     results_md: str = str(RESULTS_MD)
     """markdown file whose '<name>' section is replaced by the report ('' leaves it alone)"""
     determinism_check: bool = True
@@ -510,7 +510,7 @@ def main(args: Args) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no GPU here")
     name = args.name or f"{args.suite}-{device}"
-    out = Path(args.out) if args.out else BENCH / "results" / name
+    out = Path(args.out) if args.out else RESULTS_DIR / name
     if args.report_only:
         if not (out / "runs.json").is_file():
             fail(f"--report-only: no {out / 'runs.json'}; run the suite first")

@@ -30,11 +30,11 @@ Parts, measured one after another in this one invocation (threads pinned, warm-u
    installed); a rollout as ppo_continuous does it, through its public `Agent`/`policy_step` and the shared
    storage/bookkeeping, vs `make_env` plus one batched `policy_step` per step ("rollout overhead", target <= 15%);
    and part 3's breakdown of the real main() with benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt's flags.
-   Alone it writes `speed-gym-cpu` (results folder and RESULTS.md section):
+   Alone it writes `speed-gym-cpu` (results folder and docs/benchmarks.md section):
        uv run python benchmarks/speed.py --parts gym
 
-Writes `speed.png`, `speed.md` and `speed.json` to `--out` (default benchmarks/results/speed-<cpu|cuda>/) and
-replaces the `speed-<cpu|cuda>` section of benchmarks/RESULTS.md.
+Writes `speed.png`, `speed.md` and `speed.json` to `--out` (default docs/results/speed-<cpu|cuda>/) and
+replaces the `speed-<cpu|cuda>` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ import tyro
 from benchlib import (
     BENCH,
     REPO,
+    RESULTS_DIR,
     RESULTS_MD,
     SCRIPTS_DIR,
     describe_machine,
@@ -113,7 +114,7 @@ class Args:
     extra: str = ""
     """flags added to every training run and breakdown, with "=", e.g. --extra='--num-steps 50'"""
     out: str | None = None
-    """output folder (default benchmarks/results/speed-<cpu|cuda>)"""
+    """output folder (default docs/results/speed-<cpu|cuda>)"""
     results_md: str = str(RESULTS_MD)
     """markdown file whose speed-<cpu|cuda> section is replaced ('' leaves it alone)"""
     gym_settings: tuple[tuple[str, int, int], ...] = GYM_SETTINGS
@@ -916,7 +917,7 @@ def main(args: Args) -> None:
     torch.set_num_threads(args.threads)
     kind = devices(args)[-1]
     kind = "gym-cpu" if set(args.parts) == {"gym"} else kind  # the gym part (CPU) alone: its own section
-    out = Path(args.out) if args.out else BENCH / "results" / f"speed-{kind}"
+    out = Path(args.out) if args.out else RESULTS_DIR / f"speed-{kind}"
     if args.report_only:
         if not (out / "speed.json").is_file():
             fail(f"--report-only: no {out / 'speed.json'}; run the speed suite first")

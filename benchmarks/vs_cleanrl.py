@@ -13,7 +13,7 @@ drift of the machine falls on both alike. Speed is steady-state: env steps per s
 iteration after `--skip` and the last one, from the TensorBoard event times of `charts/learning_rate`, which both
 scripts log once per iteration after the update. Process start-up (imports, Python compilation, env creation)
 and our final evaluation are outside it; whole-process times are reported too. Writes `--out`/vs_cleanrl.json
-and the `vs-cleanrl-cpu` section of benchmarks/RESULTS.md.
+and the `vs-cleanrl-cpu` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (  # noqa: E402
     BENCH,
     REPO,
+    RESULTS_DIR,
+    RESULTS_MD,
     describe_machine,
     git_info,
     machine_info,
@@ -58,9 +60,9 @@ class Args:
     """(ours, CleanRL) pairs, run in the order ours, CleanRL, CleanRL, ours, ..."""
     skip: int = 2
     """iterations left out at the start of each run's steady-state measurement"""
-    out: str = str(BENCH / "results" / "vs-cleanrl-cpu")
+    out: str = str(RESULTS_DIR / "vs-cleanrl-cpu")
     """folder for vs_cleanrl.json"""
-    results_md: str = str(BENCH / "RESULTS.md")
+    results_md: str = str(RESULTS_MD)
     """markdown file whose vs-cleanrl-cpu section is replaced ('' to skip)"""
 
 

@@ -63,7 +63,7 @@ class RunArgs:
     """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
     eval_env_kwargs: str = "{}"
     """JSON keyword arguments of the eval envs, on top of --env-kwargs: the eval envs inherit it except the keys
-    that randomize or disturb the env (randomization ranges, noise, events: the list in docs/CLI.md), so only what
+    that randomize or disturb the env (randomization ranges, noise, events: the list in docs/cli.md), so only what
     differs goes here, e.g. '{"camera": "perspective"}'"""
     env_vectorization: Literal["sync", "async", "envpool"] = "sync"
     """Gymnasium (numpy) ids: step sub-envs in this process (sync), one worker process each (async), or EnvPool's
@@ -89,7 +89,7 @@ class RunArgs:
     auto: when the run is long enough for it to pay (shared/runtime.py COMPILE_PAYS_AFTER); eager where compiling
     does not work here"""
     policy: str | None = None
-    """build the agent with this `module:factory` instead of the script's own network (docs/POLICIES.md)"""
+    """build the agent with this `module:factory` instead of the script's own network (docs/policies.md)"""
     policy_kwargs: str = "{}"
     """JSON keyword arguments of the --policy factory, e.g. '{"model_path": "my_vla.pt"}'"""
 
@@ -266,5 +266,5 @@ def build_policy(args: Any, envs, needs: Iterable[str]) -> torch.nn.Module:
         if not hasattr(module, name) or (name == "forward" and type(module).forward is torch.nn.Module.forward)
     ]
     if missing:
-        fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/POLICIES.md: what a policy provides)")
+        fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/policies.md: what a policy provides)")
     return module

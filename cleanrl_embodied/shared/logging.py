@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 __all__ = ["RolloutStats", "RunLogger", "atomic_save", "versions"]
 
 EVAL_KEYS = ("success_rate", "episodic_return", "episodic_length", "global_step")
-"""Keys of the ``"eval"`` entry of summary.json, in order (docs/RUNS.md)."""
+"""Keys of the ``"eval"`` entry of summary.json, in order (docs/runs.md)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,7 +461,7 @@ class RunLogger:
         checkpoint: str | os.PathLike | None = None,
         **extra: Any,
     ) -> Path:
-        """Write ``summary.json`` atomically in the schema of docs/RUNS.md and return its path.
+        """Write ``summary.json`` atomically in the schema of docs/runs.md and return its path.
 
         ``eval`` holds success_rate / episodic_return / episodic_length / global_step of the last
         evaluation (missing ones are null; None means no evaluation yet); further keys are kept.
@@ -532,7 +532,7 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # Ctrl-C is a clean end of a run (docs/RUNS.md); other exceptions mark the W&B run failed.
+        # Ctrl-C is a clean end of a run (docs/runs.md); other exceptions mark the W&B run failed.
         failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
         self.close(exit_code=1 if failed else 0)
 

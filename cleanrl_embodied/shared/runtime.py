@@ -38,7 +38,7 @@ STREAMS = {
     "collector": "ppo_async's collector thread: its action sampling",
     "group_resets": "grpo's group starts of an iteration",
 }
-"""The run's independent random streams and what each drives (docs/RUNS.md). Each is seeded by
+"""The run's independent random streams and what each drives (docs/runs.md). Each is seeded by
 :func:`stream_seed`, never by ``--seed`` itself."""
 
 

@@ -1,7 +1,7 @@
 """Environments behind one torch vector-env contract: ``make_env``, ``check_env_id``, ``BUILTIN_ENVS``.
 
 ``make_env(env_id, num_envs, device, seed, **env_kwargs)`` returns a ``gymnasium.vector.VectorEnv`` whose data
-are torch tensors on ``device`` (docs/ENV_CONTRACT.md). It is the one place that decides which backend serves an
+are torch tensors on ``device`` (docs/env-contract.md). It is the one place that decides which backend serves an
 id (its docstring has the table); each backend lives in its own file:
 
 - built-in batched torch tasks (``BUILTIN_ENVS``: PushCubeRL), registered with Gymnasium on import, so
@@ -63,7 +63,7 @@ BUILTIN_ENV_IDS = tuple(BUILTIN_ENVS)
 
 # Env kwargs that randomize or disturb an env (domain randomization ranges, noise, events): the eval envs do not
 # inherit them from --env-kwargs, so evaluation measures the nominal task unless --eval-env-kwargs names them.
-# PushCubeRL's (docs/ENV_CONTRACT.md) and make_env's own ``randomize_interval``; other envs' kwargs are inherited.
+# PushCubeRL's (docs/env-contract.md) and make_env's own ``randomize_interval``; other envs' kwargs are inherited.
 RANDOMIZATION_KWARGS = (
     "randomize",
     "randomize_every",

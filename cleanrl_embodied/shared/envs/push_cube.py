@@ -216,7 +216,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     after which it slides on, slowed by Coulomb friction with the table (``cube_friction`` mu, default 0.5:
     from speed v it stops after v^2 / (2 mu g)); its velocity is observed (33-dim state) and saved with the
     state. Default PPO learns both about equally fast; with sliding, solved episodes are ~14% shorter, a push
-    carrying the cube a little further (see the README).
+    carrying the cube a little further (docs/push-cube.md).
 
     Tasks (``tasks``, the PushCubeLangRL id): each episode draws one of several named tasks, a goal direction
     with an instruction (``TASKS``: "push the cube forward", "... to the left", "... back", "... to the right"), so

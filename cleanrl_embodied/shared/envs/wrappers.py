@@ -13,7 +13,7 @@
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
 - :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device (torch envs).
 
-See ``docs/ENV_CONTRACT.md`` and ``docs/INTERFACES.md``.
+See ``docs/env-contract.md`` and ``docs/internals.md``.
 """
 
 from __future__ import annotations
