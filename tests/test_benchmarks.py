@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,39 @@ def test_write_section(tmp_path):
     assert text.startswith("# Results\n\nintro\n")
     assert "second" in text and "first" not in text and text.count("<!-- BEGIN quick-cpu -->") == 1
     assert text.index("quick-cpu") < text.index("speed-cpu")
+
+
+def test_results_land_in_the_documentation_site(monkeypatch):
+    """The benchmarks write their plots and reports under docs/ (the folder the documentation site serves) and their
+    sections into its benchmarks page: the default output folders, read back through --report-only (nothing is
+    rewritten), and every section and image the page shows."""
+    docs = benchlib.REPO / "docs"
+    assert benchlib.RESULTS_DIR == docs / "results" and benchlib.RESULTS_MD == docs / "benchmarks.md"
+    assert "docs_dir: docs" in (benchlib.REPO / "mkdocs.yml").read_text()
+    written = {}
+    monkeypatch.setattr(run, "write_outputs", lambda data, out, results_md, name: written.update(run=(out, results_md)))
+    run.main(run.Args(suite="quick", device="cpu", report_only=True))
+    assert written["run"] == (docs / "results" / "quick-cpu", str(docs / "benchmarks.md"))
+    speed = importlib.import_module("speed")
+    monkeypatch.setattr(speed, "write_outputs", lambda data, out, kind, results_md: written.update(speed=out))
+    speed.main(speed.Args(cuda=False, report_only=True))
+    assert written["speed"] == docs / "results" / "speed-cpu"
+    assert importlib.import_module("async_speed").Args().results_md == str(docs / "benchmarks.md")
+    vs_cleanrl = importlib.import_module("vs_cleanrl").Args()
+    assert (Path(vs_cleanrl.out), Path(vs_cleanrl.results_md)) == (
+        docs / "results" / "vs-cleanrl-cpu",
+        docs / "benchmarks.md",
+    )
+    assert Path(importlib.import_module("push_cube_rgb_speed").Args().out).parent == docs / "results"
+    assert Path(importlib.import_module("push_cube_variants").Args().out).parent == docs / "results"
+    assert (benchlib.REPO / importlib.import_module("recheck").Args().results / "runs.json").is_file()
+
+    text = benchlib.RESULTS_MD.read_text()
+    begins = re.findall(r"<!-- BEGIN (\S+) -->", text)
+    assert {"quick-cpu", "full-cpu", "speed-cpu", "async-cpu", "vs-cleanrl-cpu"} <= set(begins)
+    assert sorted(begins) == sorted(re.findall(r"<!-- END (\S+) -->", text)) and len(set(begins)) == len(begins)
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
+    assert len(images) >= 10 and all((docs / image).is_file() for image in images), images
 
 
 # ---- tiny real runs --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The README's quick start is what CI runs: the uv install command, the test command and the set-up commands of
-.ci/run appear verbatim in it, and its training / TensorBoard commands are valid for the current code."""
+.ci/run appear verbatim in it, and its training / TensorBoard commands are valid for the current code; its links
+lead to the documentation site's pages."""
 
 from __future__ import annotations
 
@@ -81,3 +82,14 @@ def test_quick_start_train_and_tensorboard_commands_are_valid():
 def test_quick_start_keeps_the_pip_fallback():
     fallback = "`pip install -e . && python cleanrl_embodied/ppo_continuous.py --env-id PushCubeRL`"
     assert fallback in quick_start()
+
+
+def test_every_link_of_the_readme_leads_to_a_file_and_every_page_is_linked():
+    """The README is the way into the documentation: its relative links (pages, the figure) resolve, and it links
+    every page of the site's navigation."""
+    text = (REPO / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert targets and all((REPO / t).is_file() for t in targets), [t for t in targets if not (REPO / t).is_file()]
+    nav_pages = set(re.findall(r":\s*(\S+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), flags=re.M))
+    assert len(nav_pages) >= 10 and all((REPO / "docs" / page).is_file() for page in nav_pages)
+    assert nav_pages <= {t.removeprefix("docs/") for t in targets}, nav_pages - set(targets)
