@@ -139,7 +139,7 @@ def validate(args: Args) -> None:
         minibatches_of=args.num_envs * args.num_steps,
     )  # fmt: skip
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still compiles the update)")
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)")
 
 
 class RunningMeanStd(nn.Module):

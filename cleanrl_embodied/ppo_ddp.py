@@ -156,7 +156,7 @@ def validate(args: Args, show: bool) -> None:
     if args.backend == "nccl" and not cuda:
         fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
     if args.cudagraphs and not cuda:
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still compiles the update)", show)
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)", show)
 
 
 class RunningMeanStd(nn.Module):
