@@ -135,28 +135,15 @@ def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=(
-            "action_bins",
-            "action_chunk",
-            "micro_batch_size",
-            "num_envs",
-            "num_steps",
-            "total_timesteps",
-            "num_minibatches",
-            "update_epochs",
-            "learning_rate",
-            "adv_eps",
-            "gamma",
-            "clip_coef",
-            "max_grad_norm",
-            "target_kl",
-        ),
+        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
+                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma",
+                  "clip_coef", "max_grad_norm", "target_kl"),
         non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm",),  # no clipping
         files=("ref_checkpoint",),
-    )
+    )  # fmt: skip
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
 

@@ -129,32 +129,17 @@ def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=(
-            "action_bins",
-            "action_chunk",
-            "micro_batch_size",
-            "num_envs",
-            "num_steps",
-            "total_timesteps",
-            "num_minibatches",
-            "update_epochs",
-            "learning_rate",
-            "clip_obs",
-            "clip_reward",
-            "gamma",
-            "clip_coef",
-            "vf_coef",
-            "max_grad_norm",
-            "target_kl",
-        ),
+        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
+                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "clip_obs",
+                  "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
-    )
+    )  # fmt: skip
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither")
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)")
 
 
 class RunningMeanStd(nn.Module):

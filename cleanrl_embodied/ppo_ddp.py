@@ -141,37 +141,22 @@ def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
     check_args(
         args,
-        positive=(
-            "action_bins",
-            "action_chunk",
-            "micro_batch_size",
-            "num_envs",
-            "num_steps",
-            "total_timesteps",
-            "num_minibatches",
-            "update_epochs",
-            "learning_rate",
-            "clip_obs",
-            "clip_reward",
-            "gamma",
-            "clip_coef",
-            "vf_coef",
-            "max_grad_norm",
-            "target_kl",
-            "dist_timeout_s",
-        ),
+        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
+                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "clip_obs",
+                  "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl",
+                  "dist_timeout_s"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
         show=show,
-    )  # each rank's rollout
+    )  # fmt: skip  # each rank's rollout
     cuda = pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
         fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
     if args.cudagraphs and not cuda:
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on CPU use --compile or neither", show)
+        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)", show)
 
 
 class RunningMeanStd(nn.Module):
