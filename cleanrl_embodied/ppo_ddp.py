@@ -3,7 +3,8 @@
     uv run torchrun --standalone --nproc_per_node 2 cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL
     uv run python cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL        # without torchrun: a world of one
 
-This is ppo_continuous.py made data-parallel; it has the same flags plus `--backend` and `--dist-timeout-s`.
+This is ppo_continuous.py made data-parallel; it has the same flags plus `--backend`, `--dist-timeout-s` and
+`--fsdp`.
 Every rank steps its own `--num-envs` envs, collects its own rollout and cuts it into its own minibatches, each
 rank with its own random streams derived from (seed, rank) (`stream_seed`; rank 0's are ppo_continuous.py's);
 `--total-timesteps` counts the env steps of all ranks together. Process-group set-up and teardown live in
@@ -16,6 +17,11 @@ rank with its own random streams derived from (seed, rank) (`stream_seed`; rank 
 - every decision that changes control flow (target-KL stop, non-finite data, Ctrl-C/SIGTERM) is all-reduced;
 - rank 0 alone logs, evaluates and writes checkpoints and summary.json; episode statistics are summed
   over ranks. A rank that dies or stalls makes the others stop with one error line (`--dist-timeout-s`).
+
+With `--fsdp` (FSDP2's `fully_shard`, on CPU with gloo too) every rank holds a shard of the parameters, gradients
+and optimizer state instead of all of them: FSDP averages the gradients in the backward pass (in place of
+`sync_gradients`), the rollout and the evaluations act with a whole copy of the weights gathered after every
+update, and checkpoints hold whole tensors, gathered from the shards (a resume keeps `--fsdp`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from tensordict import TensorDict, from_module
+from torch.distributed.fsdp import fully_shard
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
 from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
@@ -45,13 +52,19 @@ from cleanrl_embodied.shared.checkpoints import (
     load_model_state,
     load_optimizer,
     load_start,
-    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
 )
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.distributed import broadcast_model, check_in_sync, process_group
+from cleanrl_embodied.shared.distributed import (
+    broadcast_model,
+    check_in_sync,
+    full,
+    gather_into,
+    process_group,
+    whole_state,
+)
 from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
@@ -75,6 +88,9 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """number of parallel training environments per rank"""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend: auto = nccl on CUDA, gloo on CPU"""
+    fsdp: bool = False
+    """shard parameters, gradients and optimizer state over the ranks (FSDP2's fully_shard), for a policy too large
+    to train whole on every rank; the rollout acts with a full copy of the weights refreshed every iteration"""
     dist_timeout_s: int = 300
     """seconds any rank waits in a collective for a missing rank before all stop with an error; must exceed
     rank 0's longest pause (an evaluation plus a checkpoint)"""
@@ -419,7 +435,16 @@ def main(args: Args) -> dict:
         args,
         ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
         same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
+        resume_same=(
+            "num_envs",
+            "num_steps",
+            "gamma",
+            "norm_reward",
+            "clip_reward",
+            "learning_rate",
+            "anneal_lr",
+            "fsdp",
+        ),  # fmt: skip
         read=rank == 0,
     )  # the others get the content from rank 0
     with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
@@ -457,23 +482,32 @@ def train(
     evaluator = (
         Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 else None
     )
-    act = partial(eval_action, agent, deterministic=args.eval_deterministic)
+    # The rollout and the evaluations act through an inference copy (LeanRL-style): it shares the agent's
+    # parameters, or with --fsdp holds a full copy of them, refreshed every iteration (the agent holds shards).
+    agent_inference = make_agent(envs, args).to(device)
+    from_module(agent).data.to_module(agent_inference)
+    act = partial(eval_action, agent_inference, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
         envs.close()
         if rank == 0:
             return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
         return {"run_dir": None, "eval": None, "global_step": ckpt["global_step"]}
+    if args.fsdp:  # shard the agent over the ranks: a policy's own units (e.g. a VLA's layers), then the rest
+        for unit in getattr(agent, "fsdp_units", list)():
+            fully_shard(unit)
+        fully_shard(agent)  # (the inference copy keeps the whole weights it was built with, rank 0's)
 
     params = [p for p in agent.parameters() if p.requires_grad]
+    if args.fsdp and rank == 0:
+        mine = sum(p.to_local().numel() for p in params)
+        logger.write(f"fsdp: this rank holds {mine} of the {sum(p.numel() for p in params)} trainable values")
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
-    # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style).
-    agent_inference = make_agent(envs, args).to(device)
-    from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compiled = compiler(args.compile, device, updates, logger.write if rank == 0 else lambda _: None)
+    say = logger.write if rank == 0 else lambda _: None
+    compiled = compiler("off" if args.fsdp else args.compile, device, updates, say)  # (FSDP's hooks: eager)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
@@ -484,7 +518,7 @@ def train(
     global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
-        load_optimizer(optimizer, ckpt["optimizer"])
+        load_optimizer(optimizer, ckpt["optimizer"], agent if args.fsdp else None)
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step = ckpt["global_step"]  # iterations are counted in this run's global batches:
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
@@ -514,9 +548,9 @@ def train(
         state = {
             "script": "ppo_ddp",
             "args": dataclasses.asdict(args),
-            "model": model_state(agent),  # trainable parameters and buffers
+            "model": pieces[0]["model"],  # trainable parameters and buffers, whole (gathered with --fsdp)
             "frozen": frozen,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": pieces[0]["optimizer"],
             "reward_rms": reward_rms.state_dict(),
             "iteration": iteration,
             "global_step": global_step,
@@ -526,14 +560,17 @@ def train(
             "act_dim": act_dim,
             "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
             "world_size": world_size,
-            **pieces[0],
+            **{k: v for k, v in pieces[0].items() if k not in ("model", "optimizer")},
             "other_ranks": pieces[1:],
         }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
+        model, optim = whole_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
         pieces = [None] * world_size if rank == 0 else None
         dist.gather_object(rank_state(envs, next_obs, reward_trace), pieces, dst=0)
+        if rank == 0:
+            pieces[0].update(model=model, optimizer=optim)
         return pieces
 
     storage = rollout_storage(
@@ -633,8 +670,13 @@ def train(
                         with amp():
                             out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])
-                    mean_loss = sync_gradients(params, world_size, loss)
-                    grad_norm = clip_fn(params, args.max_grad_norm)
+                    if args.fsdp:  # FSDP averaged the gradients over the ranks in the backward; the loss still
+                        mean_loss = loss.clone()  # needs it: one verdict on every rank
+                        dist.all_reduce(mean_loss)
+                        mean_loss /= world_size
+                    else:
+                        mean_loss = sync_gradients(params, world_size, loss)
+                    grad_norm = full(clip_fn(params, args.max_grad_norm))
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
                     step_fn()
@@ -647,6 +689,8 @@ def train(
                         break
             if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
                 agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2), world_size)  # float entries only
+            if args.fsdp:  # the inference copy (rollout, evaluation) gets the updated weights, whole (a collective)
+                gather_into(agent_inference, agent)
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
@@ -693,7 +737,7 @@ def train(
                 break
 
         pieces = gather_rank_states()
-        check_in_sync(agent, rank, "at the end")
+        check_in_sync(agent_inference, rank, "at the end")  # (it shares the agent's weights, or holds them whole)
     envs.close()
     if rank == 0:
         checkpoint = save_checkpoint("last.pt", pieces)
@@ -718,7 +762,7 @@ def train(
         "run_dir": str(logger.run_dir) if rank == 0 else None,
         "eval": eval_result,
         "global_step": global_step,
-        "model": agent.state_dict(),
+        "model": agent_inference.state_dict(),  # (the agent's weights, whole)
     }
 
 

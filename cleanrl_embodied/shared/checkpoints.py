@@ -307,12 +307,19 @@ def load_model_state(module: torch.nn.Module, ckpt: dict, flag_name: str, path: 
     module.load_state_dict(ckpt["model"], strict=False)
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, sharded: torch.nn.Module | None = None) -> None:
     """``optimizer.load_state_dict(state)``, keeping each learning rate the tensor it was (a compiled optimizer step
     reads it without recompiling when the schedule changes it); a checkpoint's plain float learning rate (older
-    runs) is copied into that tensor."""
+    runs) is copied into that tensor. ``sharded``: the module (under FSDP) whose parameters the optimizer holds;
+    ``state`` is then whole and keyed by parameter names (``shared.distributed.whole_state``), and every rank
+    takes its shards of it."""
     lrs = [group["lr"] for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
+    if sharded is None:
+        optimizer.load_state_dict(state)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(sharded, optimizer, state, options=StateDictOptions(full_state_dict=True))
     for group, lr in zip(optimizer.param_groups, lrs):
         if isinstance(lr, torch.Tensor):
             group["lr"] = lr.fill_(float(group["lr"]))

@@ -1,0 +1,107 @@
+"""ppo_ddp.py --fsdp: parameters, gradients and optimizer state sharded over two ranks (FSDP2 on CPU with gloo).
+
+One torchrun launch (module fixture) runs this file as a script on two ranks (see `worker`): the same short run with
+and without --fsdp (the sharded update must equal the replicated one up to float rounding: FSDP averages the
+gradients in the backward, ppo_ddp's own all-reduce otherwise), then the --fsdp run resumed from its middle
+checkpoint (bit-identical), and a run with a frozen part (a pretrained backbone stand-in) that never trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cleanrl_embodied import ppo_ddp as ddp
+
+RUN = dict(
+    num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
+    hidden_sizes=(32, 32), cuda=False, total_timesteps=4 * 2 * 80, eval_freq=2, save_freq=2, norm_obs=True,
+    target_kl=None, compile="off",
+)  # fmt: skip
+
+
+def worker(out_dir: Path) -> None:
+    """Runs on each rank under torchrun (`python tests/test_ppo_ddp_fsdp.py OUT_DIR`)."""
+    rank = int(os.environ["RANK"])
+    for name, fsdp in (("replicated", False), ("sharded", True)):  # main makes and ends torchrun's group
+        out = ddp.main(ddp.Args(output_dir=str(out_dir / name), fsdp=fsdp, **RUN))
+        torch.save(out["model"], out_dir / f"{name}_model_{rank}.pt")
+    # the sharded run, resumed from its iteration-2 checkpoint on a fresh group
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
+    half_way = next((out_dir / "sharded").iterdir()) / "checkpoints" / "iter_000002.pt"
+    ddp.main(ddp.Args(output_dir=str(out_dir / "resumed"), fsdp=True, resume=str(half_way), **RUN))
+    frozen = dict(RUN, policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": 64}))
+    out = ddp.main(ddp.Args(output_dir=str(out_dir / "frozen"), fsdp=True, **frozen))
+    torch.save(out["model"], out_dir / f"frozen_model_{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])  # toy_policies
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        __file__,
+        str(out_dir),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (out_dir / "output.txt").write_text(proc.stdout + proc.stderr)
+    return out_dir
+
+
+def last(out_dir: Path, name: str) -> dict:
+    return torch.load(next((out_dir / name).iterdir()) / "checkpoints" / "last.pt", weights_only=True)
+
+
+def test_sharded_training_equals_replicated_training(two_ranks):
+    shares = [line for line in (two_ranks / "output.txt").read_text().splitlines() if "fsdp: this rank holds" in line]
+    assert shares, "no fsdp line"
+    held, total = (int(w) for w in shares[0].split() if w.isdigit())
+    assert 0 < held < total  # rank 0 holds a shard, not the whole
+    replicated, sharded = last(two_ranks, "replicated"), last(two_ranks, "sharded")
+    assert sharded["global_step"] == replicated["global_step"] == 4 * 2 * 80
+    assert sharded["model"].keys() == replicated["model"].keys()
+    for key, value in replicated["model"].items():  # whole tensors in the checkpoint, not shards
+        assert sharded["model"][key].shape == value.shape, key
+        torch.testing.assert_close(sharded["model"][key], value, rtol=1e-4, atol=1e-5)
+    for rank in (0, 1):  # every rank ends with the same (whole) weights
+        model = torch.load(two_ranks / f"sharded_model_{rank}.pt", weights_only=True)
+        for key, value in sharded["model"].items():
+            assert torch.equal(model[key], value), key
+
+
+def test_a_sharded_run_resumes_bit_identically(two_ranks):
+    straight, resumed = last(two_ranks, "sharded"), last(two_ranks, "resumed")
+    assert resumed["global_step"] == straight["global_step"]
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    assert straight["optimizer"]["state"].keys() == resumed["optimizer"]["state"].keys()
+    for name, state in straight["optimizer"]["state"].items():
+        assert all(torch.equal(v, resumed["optimizer"]["state"][name][k]) for k, v in state.items()), name
+
+
+def test_a_frozen_part_stays_whole_and_untrained(two_ranks):
+    ckpt = last(two_ranks, "frozen")
+    assert not any(k.startswith("backbone.") for k in ckpt["model"]) and len(ckpt["frozen"]) == 64
+    models = [torch.load(two_ranks / f"frozen_model_{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert models[0]["backbone.weight"].shape == (64, 64)  # whole on every rank, and the same
+    assert torch.equal(models[0]["backbone.weight"], models[1]["backbone.weight"])
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
