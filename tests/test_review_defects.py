@@ -428,8 +428,9 @@ def nbytes(state: dict) -> int:
 
 def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
     """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers that
-    can update (the observation normalizer's), measured here; the frozen backbone (256 x 256 + 256 floats, 263 kB) was
-    copied into every one of the K + 1 snapshots kept before (and into every checkpoint's)."""
+    can update (the observation normalizer's), measured here: exactly what the checkpoint's model holds, and never the
+    frozen backbone (256 x 256 + 256 floats, 263 kB), which was copied into every one of the K + 1 snapshots kept
+    before; the checkpoint records the backbone's fingerprint instead of its weights."""
     args = ppo_async.Args(
         output_dir=str(tmp_path),
         total_timesteps=3 * 80,
@@ -441,14 +442,14 @@ def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
     )
     out = ppo_async.main(args)
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
-    model = ckpt["model"]
-    backbone = nbytes({k: v for k, v in model.items() if k.startswith("backbone.")})
-    assert backbone == (256 * 256 + 256) * 4
-    changing = {k: v for k, v in model.items() if not k.startswith("backbone.")}  # heads, log-std, normalizer
+    model = ckpt["model"]  # heads, log-std, normalizer: what changes
+    assert not any(k.startswith("backbone.") for k in model) and len(ckpt["frozen"]) == 64
+    backbone = (256 * 256 + 256) * 4
+    assert nbytes(model) < backbone  # (so a snapshot with the backbone would be several times larger)
     assert len(ckpt["collector"]["snapshots"]) >= 2
     for _version, snapshot in ckpt["collector"]["snapshots"].values():
-        assert set(snapshot) == set(changing)
-        assert nbytes(snapshot) == nbytes(model) - backbone
+        assert set(snapshot) == set(model)
+        assert nbytes(snapshot) == nbytes(model)
     # the collector's copy still acts with the learner's whole policy, frozen part included (toy_policies checks
     # the versions in test_ppo_async); resuming this checkpoint continues the run
     resumed = ppo_async.main(

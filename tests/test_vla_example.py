@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensordict import TensorDict
 
 from cleanrl_embodied import grpo, ppo_async
+from cleanrl_embodied.shared.checkpoints import frozen_fingerprint
 from examples import tiny_vla
 from examples.tiny_vla import TinyVLA, TinyVLAConfig, load_pretrained, make_policy, save_pretrained
 
@@ -68,7 +69,7 @@ def scalars(run_dir: str) -> dict[str, list[float]]:
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> str:
-    """The README's first step: `python examples/tiny_vla.py --out ... --image-size 36`, in process."""
+    """The VLA page's first step: `python examples/tiny_vla.py --out ... --image-size 36`, in process."""
     path = str(tmp_path_factory.mktemp("vla") / "tiny_vla.pt")
     argv = sys.argv
     sys.argv = ["tiny_vla.py", "--out", path, "--image-size", str(SIZE)]
@@ -117,7 +118,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
 
 
 def test_script_writes_a_file_that_names_the_importable_class(tmp_path):
-    """`python examples/tiny_vla.py --out F` (the README's first step) runs as __main__ yet records the class
+    """`python examples/tiny_vla.py --out F` (the VLA page's first step) runs as __main__ yet records the class
     under its importable name, so the trainers can rebuild it; it reports the inference latency."""
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "tiny_vla.py"), "--out", str(tmp_path / "f.pt"), "--image-size", "40"],
@@ -243,9 +244,13 @@ def test_freeze_encoder_trains_the_heads_only(tmp_path, pretrained, ppo_run):
     kwargs = json.dumps({"model_path": pretrained, "freeze_encoder": True})
     out = ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), total_timesteps=2 * 80, policy_kwargs=kwargs))
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
-    start = load_pretrained(pretrained).state_dict()
-    encoder = [k for k in start if k.startswith("encoder.")]
-    assert encoder and all(torch.equal(ckpt["model"][k], start[k]) for k in encoder)
+    start = load_pretrained(pretrained)
+    encoder = [k for k in start.state_dict() if k.startswith("encoder.")]
+    # the frozen encoder is not in the checkpoint, only its fingerprint, which is still the pretrained one's
+    assert encoder and not any(k in ckpt["model"] for k in encoder)
+    start.encoder.requires_grad_(False)  # as freeze_encoder does
+    assert ckpt["frozen"] == frozen_fingerprint(start)
+    start = start.state_dict()
     assert not torch.equal(ckpt["model"]["action_mean.2.weight"], start["action_mean.2.weight"])
     assert not torch.equal(ckpt["model"]["value.2.weight"], start["value.2.weight"])
     # the optimizer holds state only for the parameters that train (the unfrozen run's: all of them)
