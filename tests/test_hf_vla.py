@@ -174,6 +174,22 @@ def test_padding_and_batch_neighbours_do_not_change_a_rows_outputs():
     assert not torch.allclose(outputs(policy, swapped)[0][0], b[0], atol=1e-4)  # the words matter
 
 
+def test_a_batch_gives_the_same_bits_whatever_the_policy_saw_before():
+    """The prompt width is the batch's own (not the longest instruction seen so far): a policy that has seen longer
+    instructions computes a batch of short ones exactly as a fresh one does (what makes resume bit-identical)."""
+    env = lang_env(num_envs=64)  # (at smaller sizes the padding happens not to change the float rounding)
+    obs = first_obs(env)
+    short = obs.clone()
+    short["instruction"] = encode_instructions(["push the cube back"] * 64, 32)
+    long = obs.clone()
+    long["instruction"] = encode_instructions(["push the cube to the left"] * 64, 32)
+    openvla = "In: What action should the robot take to {instruction}?\nOut:"
+    seasoned, fresh = build(env, prompt_format=openvla), build(env, prompt_format=openvla)
+    outputs(seasoned, long)
+    for mine, theirs in zip(outputs(seasoned, short), outputs(fresh, short)):
+        assert torch.equal(mine, theirs)
+
+
 # ---- gradients, reference, heads --------------------------------------------------------------------------------
 @pytest.mark.parametrize("head", ["bins", "gaussian"])
 def test_only_adapters_and_heads_get_gradients(head):

@@ -63,10 +63,12 @@ class PromptCache:
 
     ``__call__(tokens)`` takes the observation's ``"instruction"`` TensorDict (byte tokens ``[B, L]``) and returns
     ``(input_ids, attention_mask)`` ``[B, P]``: ``prompt_format`` with the instruction, through ``tokenizer``,
-    LEFT-padded to the longest prompt known so far (the policy numbers positions from the mask, so the amount of
-    padding changes nothing). The known instructions' byte rows sit on the device; a batch is matched against them
-    in one comparison, and only rows not seen before are decoded and tokenized (one host sync per call, to ask
-    whether there are any). Not module state: a copy of the policy starts with its own empty cache.
+    LEFT-padded to the batch's longest prompt (the policy numbers positions from the mask, so the amount of
+    padding changes nothing; and P depends on the batch alone, not on what the cache has seen, so the same batch
+    always runs the same shapes: a resumed run repeats the uninterrupted one bit for bit). The known instructions'
+    byte rows sit on the device; a batch is matched against them in one comparison, and only rows not seen before
+    are decoded and tokenized (two host syncs per call: whether any row is new, and P). Not module state: a copy
+    of the policy starts with its own empty cache.
     """
 
     def __init__(self, tokenizer, prompt_format: str):
@@ -97,7 +99,8 @@ class PromptCache:
             keys, ids, mask = self._device_tables(byte_ids)
             match = (byte_ids[:, None, :] == keys[None]).all(-1)
         row = match.int().argmax(-1)
-        return ids[row], mask[row]
+        width = int(mask[row].sum(-1).max())  # the batch's longest prompt: the table is left-padded
+        return ids[row, ids.shape[1] - width :], mask[row, ids.shape[1] - width :]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(self.prompt_format.format(instruction=text))["input_ids"]
