@@ -1,0 +1,33 @@
+"""A Hugging Face vision-language-action policy: PaliGemma (SigLIP + Gemma) with LoRA adapters, token-bin or
+Gaussian action heads (with action chunks) and a value head, for every trainer's ``--policy`` flag.
+
+    uv sync --extra vla
+    uv run python examples/hf_vla/bc.py --out runs/vla_bc            # behaviour cloning from the scripted expert
+    uv run python cleanrl_embodied/ppo_continuous.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy \\
+        --policy-kwargs '{"model_path": "runs/vla_bc"}' --action-head bins --action-bins 16 \\
+        --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'
+
+``make_policy`` builds a tiny PaliGemma with random weights (no download) or loads one from a local directory
+(``model_path``: a VLA written by ``HFVLAPolicy.save_pretrained``, or a transformers PaliGemma checkpoint).
+docs/VLA.md describes the model, the tokenizer, the heads, LoRA, memory and checkpoints.
+"""
+
+try:
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+except ImportError as e:  # the trainers' --policy loader prints this as one line
+    raise ImportError(f"examples.hf_vla needs the vla extra (uv sync --extra vla): {e}") from None
+
+from examples.hf_vla.policy import HFVLAPolicy, VLAConfig, load_backbone, make_policy, tiny_paligemma
+from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
+
+__all__ = [
+    "HFVLAPolicy",
+    "PromptCache",
+    "VLAConfig",
+    "build_tokenizer",
+    "default_corpus",
+    "load_backbone",
+    "make_policy",
+    "tiny_paligemma",
+]

@@ -1,0 +1,425 @@
+"""examples/hf_vla: the transformers VLA policy (PaliGemma + LoRA + bins/Gaussian heads + value head), its tokenizer,
+save/load, the reference policy, and training with the trainers and the behaviour-cloning script.
+
+Everything is built offline from configs (no model hub). CI installs the vla extra: there a missing transformers or
+peft fails the module instead of skipping it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+try:
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("examples.hf_vla needs the vla extra (uv sync --extra vla)", allow_module_level=True)
+
+from tensordict import TensorDict
+from transformers import AutoTokenizer, PaliGemmaForConditionalGeneration
+
+from cleanrl_embodied import ppo_continuous
+from cleanrl_embodied.shared.actions import Bins
+from cleanrl_embodied.shared.envs import make_env
+from cleanrl_embodied.shared.envs.chunks import ActionChunks
+from cleanrl_embodied.shared.envs.push_cube import TASKS
+from cleanrl_embodied.shared.language import encode_instructions
+from examples.hf_vla import HFVLAPolicy, PromptCache, bc, build_tokenizer, default_corpus, make_policy, tiny_paligemma
+
+SIZE = 32  # 2x2 patches of 16 pixels: the smallest images, for speed
+ENV_KWARGS = {"obs_mode": "rgb", "image_size": SIZE, "action_mode": "ee_delta_pos"}
+INSTRUCTIONS = [text for _, text in TASKS.values()]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # building must never reach a model hub
+    torch.set_num_threads(1)
+
+
+def flags(head: str = "bins", bins: int = 16, chunk: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(action_head=head, action_bins=bins, action_chunk=chunk, norm_obs=False)
+
+
+def lang_env(num_envs: int = 6, chunk: int = 1, **kw):
+    env = make_env("PushCubeLangRL", num_envs=num_envs, seed=0, **{**ENV_KWARGS, **kw})
+    return ActionChunks(env, chunk, 0.9) if chunk > 1 else env
+
+
+def build(env, head: str = "bins", bins: int = 16, **kwargs) -> HFVLAPolicy:
+    chunk = env.single_action_space.shape[0] if len(env.single_action_space.shape) == 2 else 1
+    return make_policy(env.single_observation_space, env.single_action_space, flags(head, bins, chunk), **kwargs)
+
+
+def first_obs(env, seed: int = 0) -> TensorDict:
+    obs, _ = env.reset(seed=seed)
+    return obs
+
+
+def train_steps(policy: HFVLAPolicy, obs: TensorDict, steps: int = 3, lr: float = 1e-2) -> None:
+    """A few Adam steps that move the adapters and heads (toward the zero action, the value toward 0)."""
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    for _ in range(steps):
+        dist, value = policy(obs)
+        target = torch.full_like(dist.mode, policy.bins // 2) if policy.bins else torch.zeros_like(dist.mode)
+        loss = -dist.log_prob(target).sum() + value.pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def outputs(policy: HFVLAPolicy, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of every bin (or the Gaussian's mean and std) and the values: what a policy's behaviour is."""
+    with torch.no_grad():
+        dist, value = policy(obs)
+    if isinstance(dist, Bins):
+        return dist.logits, value
+    return torch.stack([dist.mean, dist.stddev]), value
+
+
+def one_line_exit(excinfo) -> str:
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
+# ---- building, tokenizer, prompts -------------------------------------------------------------------------------
+def test_factory_builds_offline_a_paligemma_with_adapters_and_the_bins_as_the_last_ids():
+    env = lang_env()
+    policy = build(env, bins=16)
+    assert isinstance(policy.backbone, PaliGemmaForConditionalGeneration)
+    vocab = len(policy.tokenizer)
+    assert policy.backbone.config.text_config.vocab_size == vocab
+    assert policy.tokenizer.convert_ids_to_tokens(list(range(vocab - 16, vocab))) == [f"<bin_{i}>" for i in range(16)]
+    trainable = policy.trainable_parameters()
+    assert any("lora_A" in name for name in trainable) and any("lora_B" in name for name in trainable)
+    assert all("lora_" in n or n.startswith(("action_head.", "value_head.")) for n in trainable), sorted(trainable)
+    frozen = [n for n, p in policy.named_parameters() if not p.requires_grad]
+    assert any("vision_tower" in n for n in frozen) and any("embed_tokens" in n for n in frozen)
+    assert all(not n.startswith(("action_head.", "value_head.")) for n in frozen)
+    total = sum(p.numel() for p in policy.parameters())
+    assert 0 < sum(p.numel() for p in trainable.values()) < total / 3
+    again = build(env, bins=16)  # the trainers build twice: the same weights, adapters and heads every time
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
+
+
+def test_tokenizer_round_trips_through_save_and_autotokenizer(tmp_path):
+    tokenizer = build_tokenizer(default_corpus("{instruction}"), num_bins=8)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(loaded) == len(tokenizer)
+    for text in [*INSTRUCTIONS, "stack the red block on the blue one", "schieb den Würfel nach links"]:
+        ids = tokenizer(text)["input_ids"]
+        assert loaded(text)["input_ids"] == ids and ids[0] == tokenizer.bos_token_id
+        assert loaded.decode(ids, skip_special_tokens=True) == text  # byte-level: any text, no unknown token
+    assert tokenizer.unk_token_id not in tokenizer("schieb den Würfel nach links")["input_ids"]
+    assert len(tokenizer("push the cube to the left")["input_ids"]) == 7  # <bos> + one token per word
+    assert loaded.convert_ids_to_tokens(len(loaded) - 1) == "<bin_7>"
+    # deterministic: building again gives the same vocabulary and merges (two policies tokenize alike)
+    again = build_tokenizer(default_corpus("{instruction}"), num_bins=8)
+    assert again.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+
+
+class CountingTokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls, self.pad_token_id = tokenizer, [], tokenizer.pad_token_id
+
+    def __call__(self, text):
+        self.calls.append(text)
+        return self.tokenizer(text)
+
+
+def test_prompt_cache_tokenizes_each_instruction_once_and_left_pads():
+    tokenizer = CountingTokenizer(build_tokenizer(default_corpus("{instruction}"), num_bins=4))
+    cache = PromptCache(tokenizer, "In: {instruction}\nOut:")
+    texts = [INSTRUCTIONS[i] for i in (0, 1, 0, 0, 1, 1)]
+    ids, mask = cache(encode_instructions(texts, 32))
+    assert sorted(tokenizer.calls) == sorted({f"In: {t}\nOut:" for t in texts})  # once per distinct instruction
+    for row, text in enumerate(texts):
+        want = tokenizer.tokenizer(f"In: {text}\nOut:")["input_ids"]
+        assert ids[row, -len(want) :].tolist() == want and mask[row].sum() == len(want)
+        assert mask[row, -len(want) :].all() and not mask[row, : ids.shape[1] - len(want)].any()  # left padding
+    calls = len(tokenizer.calls)
+    again, _ = cache(encode_instructions(texts[::-1], 32))
+    assert len(tokenizer.calls) == calls and torch.equal(again, ids.flip(0))  # all known: no tokenizer call
+    cache(encode_instructions([INSTRUCTIONS[2], INSTRUCTIONS[0]], 32))
+    assert tokenizer.calls[calls:] == [f"In: {INSTRUCTIONS[2]}\nOut:"]  # only the new one
+
+
+def test_padding_and_batch_neighbours_do_not_change_a_rows_outputs():
+    """Left padding with positions numbered from the mask: a short instruction gives the same distribution alone as
+    next to a longer one (which pads it), and the instruction does change the output."""
+    env = lang_env(num_envs=2)
+    policy = build(env, prompt_format="In: What action should the robot take to {instruction}?\nOut:")
+    obs = first_obs(env)
+    short, long = "push the cube back", "push the cube to the left"
+    alone = obs.clone()
+    alone["instruction"] = encode_instructions([short, short], 32)
+    mixed = obs.clone()
+    mixed["instruction"] = encode_instructions([short, long], 32)
+    fresh = build(env, prompt_format="In: What action should the robot take to {instruction}?\nOut:")
+    a, _ = outputs(fresh, alone)  # a fresh cache that has seen only the short instruction: no padding
+    b, _ = outputs(policy, mixed)
+    assert torch.allclose(a[0], b[0], atol=1e-5)
+    swapped = obs.clone()
+    swapped["instruction"] = encode_instructions([long, long], 32)
+    assert not torch.allclose(outputs(policy, swapped)[0][0], b[0], atol=1e-4)  # the words matter
+
+
+def test_a_batch_gives_the_same_bits_whatever_the_policy_saw_before():
+    """The prompt width is the batch's own (not the longest instruction seen so far): a policy that has seen longer
+    instructions computes a batch of short ones exactly as a fresh one does (what makes resume bit-identical)."""
+    env = lang_env(num_envs=64)  # (at smaller sizes the padding happens not to change the float rounding)
+    obs = first_obs(env)
+    short = obs.clone()
+    short["instruction"] = encode_instructions(["push the cube back"] * 64, 32)
+    long = obs.clone()
+    long["instruction"] = encode_instructions(["push the cube to the left"] * 64, 32)
+    openvla = "In: What action should the robot take to {instruction}?\nOut:"
+    seasoned, fresh = build(env, prompt_format=openvla), build(env, prompt_format=openvla)
+    outputs(seasoned, long)
+    for mine, theirs in zip(outputs(seasoned, short), outputs(fresh, short)):
+        assert torch.equal(mine, theirs)
+
+
+# ---- gradients, reference, heads --------------------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["bins", "gaussian"])
+def test_only_adapters_and_heads_get_gradients(head):
+    env = lang_env()
+    policy = build(env, head)
+    obs = first_obs(env)
+    dist, value = policy(obs)
+    action = dist.sample()
+    (-dist.log_prob(action).flatten(1).sum(-1).mean() + value.pow(2).mean()).backward()
+    for name, p in policy.named_parameters():
+        if not p.requires_grad:
+            assert p.grad is None, name
+    grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+    assert all("lora_" in n or n.startswith(("action_head.", "value_head.")) for n in grads)
+    assert any("lora_B" in n and g.abs().sum() > 0 for n, g in grads.items())  # B starts at zero, gets gradient
+    assert grads["value_head.2.weight"].abs().sum() > 0
+    key = "action_head.token_delta" if head == "bins" else "action_head.mean.2.weight"
+    assert grads[key].abs().sum() > 0
+    assert all(n not in grads for n, _ in policy.reference_head.named_parameters(prefix="reference_head"))
+
+
+@pytest.mark.parametrize("head", ["bins", "gaussian"])
+def test_reference_is_the_policy_at_build_and_departs_after_a_step(head):
+    env = lang_env()
+    policy = build(env, head)
+    obs = first_obs(env)
+    with torch.no_grad():
+        dist, ref = policy.dist(obs), policy.reference_dist(obs)
+        action = dist.sample()
+        assert torch.equal(dist.log_prob(action), ref.log_prob(action))  # zero-effect adapters, heads as built
+    train_steps(policy, obs, steps=1)
+    with torch.no_grad():
+        after, ref_after = policy.dist(obs).log_prob(action), policy.reference_dist(obs).log_prob(action)
+    assert torch.equal(ref_after, ref.log_prob(action))  # the reference never moves
+    assert not torch.allclose(after, ref_after, atol=1e-4)
+    with torch.no_grad(), policy.vlm.disable_adapter():  # the adapters alone moved it too (not just the heads)
+        heads_only = policy._dist(policy.features(obs, policy.action_head)[0], policy.action_head).log_prob(action)
+    assert not torch.allclose(after, heads_only, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["bins", "gaussian"])
+def test_chunks_give_k_by_d_actions_and_bins_decode_inside_the_bounds(head):
+    env = lang_env(num_envs=4, chunk=3)
+    assert env.single_action_space.shape == (3, 3)
+    policy = build(env, head, bins=8)
+    obs = first_obs(env)
+    with torch.no_grad():
+        dist, value = policy(obs)
+    action = dist.sample()
+    assert action.shape == (4, 3, 3) and dist.log_prob(action).shape == (4, 3, 3) and value.shape == (4,)
+    assert dist.entropy().shape == (4, 3, 3) and dist.mode.shape == (4, 3, 3)
+    env_action = policy.env_action(action)
+    if head == "bins":
+        assert isinstance(dist, Bins) and dist.logits.shape == (4, 3, 3, 8)
+        every_bin = policy.env_action(torch.arange(8.0).view(8, 1, 1).expand(8, 3, 3))
+        assert (every_bin > -1).all() and (every_bin < 1).all()
+        assert torch.allclose(every_bin[:, 0, 0], torch.linspace(-1 + 1 / 8, 1 - 1 / 8, 8))
+    else:
+        assert torch.equal(env_action, action)
+    env.step(env_action)  # the env takes it
+
+
+def test_bf16_autocast_gives_float32_distributions():
+    env = lang_env()
+    obs = first_obs(env)
+    for head in ("bins", "gaussian"):
+        policy = build(env, head)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            dist, value = policy(obs)
+            ref = policy.reference_dist(obs)
+        logp = dist.log_prob(dist.sample())
+        assert logp.dtype == torch.float32 and value.dtype == torch.float32 and torch.isfinite(logp).all()
+        assert ref.log_prob(dist.mode).dtype == torch.float32
+        exact, _ = outputs(policy, obs)
+        approx = dist.logits if head == "bins" else torch.stack([dist.mean, dist.stddev])
+        assert torch.allclose(approx, exact, atol=0.1)  # bf16 rounding only
+
+
+def test_a_bfloat16_backbone_keeps_float32_adapters_and_heads():
+    env = lang_env()
+    policy = build(env, "gaussian", dtype="bfloat16")
+    assert policy.backbone.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in policy.trainable_parameters().values())
+    dist, value = policy(first_obs(env))
+    assert dist.mean.dtype == torch.float32 and value.dtype == torch.float32
+
+
+# ---- saving and loading -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["bins", "gaussian"])
+def test_save_load_restores_the_policy_and_starts_fresh_adapters(head, tmp_path):
+    env = lang_env(num_envs=4, chunk=2)
+    policy = build(env, head)
+    obs = first_obs(env)
+    train_steps(policy, obs)  # adapters, token delta and heads all moved
+    policy.save_pretrained(tmp_path / "a")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "heads.safetensors", "vla_config.json"} <= {
+        p.name for p in (tmp_path / "a").iterdir()
+    }
+    loaded = build(env, head, model_path=str(tmp_path / "a"))
+    # the adapters were merged into the weights: the same policy up to float rounding of the merge
+    for mine, theirs in zip(outputs(policy, obs), outputs(loaded, obs)):
+        assert torch.allclose(mine, theirs, atol=1e-5)
+    # a loaded policy is saved and loaded bit for bit, and its adapters are fresh (zero-effect, but trainable)
+    loaded.save_pretrained(tmp_path / "b")
+    again = build(env, head, model_path=str(tmp_path / "b"))
+    for mine, theirs in zip(outputs(loaded, obs), outputs(again, obs)):
+        assert torch.equal(mine, theirs)
+    twin = build(env, head, model_path=str(tmp_path / "a"))
+    for mine, theirs in zip(outputs(loaded, obs), outputs(twin, obs)):
+        assert torch.equal(mine, theirs)
+    with torch.no_grad():
+        action = loaded.dist(obs).sample()
+        assert torch.equal(loaded.dist(obs).log_prob(action), loaded.reference_dist(obs).log_prob(action))
+    assert any("lora_B" in n for n in loaded.trainable_parameters())
+    assert all(p.abs().sum() == 0 for n, p in loaded.trainable_parameters().items() if "lora_B" in n)
+    assert json.loads((tmp_path / "a" / "vla_config.json").read_text())["action_chunk"] == 2
+
+
+def test_loads_a_plain_transformers_checkpoint_with_new_heads(tmp_path):
+    """A local PaliGemma checkpoint (config, weights, tokenizer; no vla_config.json), here at 48x48 while the env
+    gives 32x32 images (resized): the action tokens are the last N ids of its vocabulary."""
+    tokenizer = build_tokenizer(default_corpus("{instruction}"), num_bins=16)
+    special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
+    model = PaliGemmaForConditionalGeneration(tiny_paligemma(len(tokenizer), (48, 48), special, hidden_size=32))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    env = lang_env()
+    policy = build(env, "bins", bins=16, model_path=str(tmp_path), prompt_format="In: {instruction}\nOut:")
+    assert policy.vision_size == (48, 48) and policy.config.prompt_format == "In: {instruction}\nOut:"
+    state = model.state_dict()
+    assert torch.equal(policy.backbone.get_output_embeddings().weight, state["lm_head.weight"])
+    dist, value = policy(first_obs(env))
+    assert dist.logits.shape == (6, 3, 16) and value.shape == (6,)
+
+
+def test_bad_policy_kwargs_and_mismatched_checkpoints_are_refused_with_one_line(tmp_path):
+    env = lang_env()
+    with pytest.raises(SystemExit) as e:
+        build(env, lora_rnk=4)
+    assert "lora_rnk" in one_line_exit(e) and "lora_rank" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, model_path=str(tmp_path / "nowhere"))
+    assert "model_path" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, lora_rank=0)
+    assert "lora_rank" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, dtype="float8")
+    assert "dtype" in one_line_exit(e)
+    policy = build(env, bins=16)
+    policy.save_pretrained(tmp_path / "vla")
+    for kwargs, what in (({"bins": 32}, "action_bins"), ({"head": "gaussian"}, "action_head")):
+        with pytest.raises(SystemExit) as e:
+            build(env, model_path=str(tmp_path / "vla"), **kwargs)
+        assert what in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(lang_env(chunk=2), bins=16, model_path=str(tmp_path / "vla"))
+    assert "action_chunk" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:  # joint_delta: 7-D actions, the checkpoint has 3
+        build(lang_env(action_mode="joint_delta"), bins=16, model_path=str(tmp_path / "vla"))
+    assert "action_dim" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, bins=16, model_path=str(tmp_path / "vla"), hidden_size=32)
+    assert "hidden_size" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:  # PushCubeRL's observations hold no instruction
+        state_env = make_env("PushCubeRL", num_envs=2, seed=0, obs_mode="rgb", image_size=SIZE)
+        build(state_env)
+    assert "instruction" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        make_policy(env.single_observation_space, env.single_action_space, SimpleNamespace(norm_obs=True))
+    assert "--norm-obs" in one_line_exit(e)
+
+
+def test_a_fixed_instruction_serves_envs_without_one():
+    env = make_env("PushCubeRL", num_envs=2, seed=0, obs_mode="rgb", image_size=SIZE)
+    policy = build(env, "gaussian", instruction="push the cube to the goal")
+    dist, value = policy(first_obs(env))
+    assert dist.mean.shape == (2, 7) and value.shape == (2,)
+
+
+# ---- training -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head, chunk", [("gaussian", 1), ("bins", 2)])
+def test_ppo_continuous_trains_the_vla_one_iteration(head, chunk, tmp_path):
+    args = ppo_continuous.Args(
+        env_id="PushCubeLangRL", env_kwargs=json.dumps(ENV_KWARGS), policy="examples.hf_vla:make_policy",
+        policy_kwargs=json.dumps({"lora_rank": 4}), action_head=head, action_bins=16, action_chunk=chunk,
+        num_envs=4, num_steps=4, total_timesteps=16 * chunk, num_minibatches=1, update_epochs=1, num_eval_envs=4,
+        num_eval_episodes=4, eval_freq=0, save_freq=0, output_dir=str(tmp_path), seed=1, cuda=False,
+    )  # fmt: skip
+    result = ppo_continuous.main(args)
+    summary = json.loads((Path(result["run_dir"]) / "summary.json").read_text())
+    assert summary["global_step"] == 16 * chunk
+    train = summary["train"]
+    assert abs(train["losses/approx_kl"]) < 1e-5 and train["losses/clipfrac"] == 0.0  # one minibatch: ratio 1
+    assert summary["eval"]["success_rate"] is not None
+    model = torch.load(Path(summary["checkpoint"]), weights_only=True)["model"]
+    fresh = build(lang_env(num_envs=1, chunk=chunk), head, 16, lora_rank=4).state_dict()
+    moved = [k for k, v in model.items() if not torch.equal(v, fresh[k])]
+    assert moved and all("lora_" in k or k.startswith(("action_head.", "value_head.")) for k in moved), moved
+
+
+def test_bc_script_records_demos_trains_saves_and_reports(tmp_path):
+    out = tmp_path / "bc"
+    args = bc.Args(
+        out=str(out), env_kwargs=json.dumps(ENV_KWARGS), action_head="bins", action_bins=8, action_chunk=2,
+        demo_episodes=4, num_envs=4, steps=4, batch_size=8, eval_episodes=4, num_eval_envs=4, eval_every=2,
+        policy_kwargs=json.dumps({"lora_rank": 4}),
+    )  # fmt: skip
+    report = bc.main(args)
+    saved = json.loads((out / "bc_eval.json").read_text())
+    assert saved["eval"]["success_rate"] == report["eval"]["success_rate"]
+    assert all(f"success_rate/{task}" in saved["eval"] for task in TASKS)
+    assert saved["samples"] > 0 and [point["step"] for point in saved["curve"]] == [2, 4]
+    env = lang_env(num_envs=4, chunk=2)
+    policy = build(env, "bins", bins=8, model_path=str(out), lora_rank=4)
+    assert policy.config.action_chunk == 2 and policy.config.action_bins == 8
+
+
+def test_demo_chunks_hold_the_expert_actions_of_the_same_episode():
+    env = make_env("PushCubeLangRL", num_envs=3, seed=0, max_episode_steps=5, **ENV_KWARGS)
+    obs, targets, valid = bc.collect_demos(env, num_episodes=6, seed=0, chunk=3)
+    steps = len(targets) // 3
+    assert steps == 10  # two episodes of 5 steps per env
+    assert obs.batch_size[0] == len(targets) and targets.shape[1:] == (3, 3)
+    t, v = targets.view(steps, 3, 3, 3), valid.view(steps, 3, 3)
+    assert v[:, :, 0].all()  # the first action of a chunk is always the sample's own
+    for step in range(steps - 2):  # within an episode, entry j of step t is entry 0 of step t + j
+        for j in (1, 2):
+            same = v[step, :, j]
+            assert torch.equal(t[step, same, j], t[step + j, same, 0])
+    # max_episode_steps 5: the chunks of the 4th and 5th steps reach past their episode's end (truncated there)
+    assert not v[4, :, 1:].any() and v[3, :, 1].all() and not v[3, :, 2].any() and v[2].all()
+    assert v[5].all() and not v[9, :, 1:].any()  # the next episode's chunks are whole; the rollout ends at 10
