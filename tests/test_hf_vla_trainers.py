@@ -1,0 +1,134 @@
+"""The transformers VLA (examples/hf_vla) in every trainer: one iteration each (ppo_ddp on two gloo ranks, replicated
+and sharded with FSDP2), checkpoints that hold only the adapters and heads, ppo_async snapshots of the trainable
+tensors only, GRPO's KL reference without a second model, and bit-identical resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("examples.hf_vla needs the vla extra (uv sync --extra vla)", allow_module_level=True)
+
+from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied.shared.checkpoints import model_state
+from cleanrl_embodied.shared.envs import make_env
+from examples.hf_vla import make_policy
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async, "grpo": grpo}
+ENV = {"obs_mode": "state+rgb", "image_size": 32, "action_mode": "ee_delta_pos"}
+POLICY = {"lora_rank": 4, "head_hidden": 16}
+
+
+def vla_args(name: str, out: Path, **kw):
+    extra = {"group_size": 2} if name == "grpo" else {}
+    common = dict(
+        env_id="PushCubeLangRL", env_kwargs=json.dumps(ENV), seed=1, num_envs=4, num_steps=4, num_minibatches=2,
+        update_epochs=1, total_timesteps=4 * 4 * 2, eval_freq=0, save_freq=1, num_eval_envs=2, num_eval_episodes=2,
+        output_dir=str(out), cuda=False, policy="examples.hf_vla:make_policy", policy_kwargs=json.dumps(POLICY),
+        action_head="bins", action_bins=8, compile="off",
+    )  # fmt: skip
+    return SCRIPTS[name].Args(**{**common, **extra, **kw})
+
+
+def checkpoints(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run / "checkpoints"
+
+
+def nbytes(state: dict) -> int:
+    return sum(v.numel() * v.element_size() for v in state.values())
+
+
+@pytest.fixture(scope="module")
+def policy():
+    env = make_env("PushCubeLangRL", num_envs=2, **ENV)
+    return make_policy(env.single_observation_space, env.single_action_space, vla_args("ppo_continuous", Path(".")),
+                       **POLICY)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_async", "grpo", "ppo_ddp"])
+def test_every_trainer_trains_the_vla_and_checkpoints_only_what_trains(name, tmp_path, policy):
+    SCRIPTS[name].main(vla_args(name, tmp_path))
+    ckpt = torch.load(checkpoints(tmp_path) / "last.pt", weights_only=True)
+    trainable = {k for k, p in policy.named_parameters() if p.requires_grad}
+    assert set(ckpt["model"]) == set(model_state(policy)) and trainable <= set(ckpt["model"])
+    assert any("lora_" in k for k in ckpt["model"]) and not any(
+        "lora_" not in k and k.startswith("vlm.") for k in ckpt["model"]
+    )  # the adapters, never the backbone's own weights
+    whole = nbytes(policy.state_dict())
+    assert nbytes(ckpt["model"]) < 0.5 * whole and len(ckpt["frozen"]) == 64
+    optimized = ckpt["optimizer"]["param_groups"][0]["params"]  # the optimizer holds the trainables, nothing else
+    assert len(optimized) == len(trainable) and len(ckpt["optimizer"]["state"]) <= len(trainable)
+    if name == "grpo":
+        assert ckpt["ref_model"] is None  # the policy's reference_dist: adapters off, heads as built; no copy
+    if name == "ppo_async":  # the collector's snapshots copy what trains, never the frozen backbone
+        for _version, snapshot in ckpt["collector"]["snapshots"].values():
+            assert set(snapshot) == set(ckpt["model"])
+            assert nbytes(snapshot) <= 2 * nbytes({k: p for k, p in policy.named_parameters() if p.requires_grad})
+
+
+def test_a_vla_run_resumes_bit_identically(tmp_path):
+    ppo_continuous.main(vla_args("ppo_continuous", tmp_path / "a", total_timesteps=4 * 4 * 3))
+    half = checkpoints(tmp_path / "a") / "iter_000001.pt"
+    ppo_continuous.main(vla_args("ppo_continuous", tmp_path / "b", total_timesteps=4 * 4 * 3, resume=str(half)))
+    straight, resumed = (torch.load(checkpoints(tmp_path / d) / "last.pt", weights_only=True) for d in "ab")
+    assert straight["global_step"] == resumed["global_step"] == 48
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+
+
+def test_a_checkpoint_is_refused_for_another_base_model(tmp_path):
+    ppo_continuous.main(vla_args("ppo_continuous", tmp_path / "a"))
+    other = json.dumps({**POLICY, "init_seed": 7})  # another random backbone: the adapters were not trained on it
+    with pytest.raises(SystemExit) as e:
+        ppo_continuous.main(vla_args("ppo_continuous", tmp_path / "b", policy_kwargs=other,
+                                     eval_checkpoint=str(checkpoints(tmp_path / "a") / "last.pt")))  # fmt: skip
+    assert "\n" not in str(e.value.code)
+    assert "--policy-kwargs" in str(e.value.code) or "frozen weights" in str(e.value.code)
+
+
+def ddp_worker(out: Path) -> None:
+    """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2."""
+    for name, fsdp in (("replicated", False), ("sharded", True)):
+        ppo_ddp.main(vla_args("ppo_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
+
+
+def test_ppo_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        __file__,
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    replicated, sharded = (torch.load(checkpoints(tmp_path / n) / "last.pt", weights_only=True)
+                           for n in ("replicated", "sharded"))  # fmt: skip
+    assert replicated["global_step"] == sharded["global_step"] == 2 * 4 * 4 * 2
+    assert replicated["model"].keys() == sharded["model"].keys()
+    for key, value in replicated["model"].items():  # whole tensors, the same update up to float rounding
+        torch.testing.assert_close(sharded["model"][key], value, rtol=1e-3, atol=1e-5)
+    assert "fsdp: this rank holds" in proc.stdout + proc.stderr
+
+
+if __name__ == "__main__":
+    ddp_worker(Path(sys.argv[1]))
