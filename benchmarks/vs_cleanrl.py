@@ -8,12 +8,14 @@
 Both scripts train the same task (HalfCheetah-v4: the id Gymnasium 0.29 has; our venv's Gymnasium 1.x has it
 too) with the same hyperparameters: CleanRL's defaults, which benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt
 copies (1 env x 2048 steps, 10 epochs x 32 minibatches, 64x64 MLPs, observation and reward normalization).
-Runs alternate (ours, CleanRL, CleanRL, ours, ...) one at a time with one thread each (OMP_NUM_THREADS=1), so
-drift of the machine falls on both alike. Speed is steady-state: env steps per second of wall time between the
-iteration after `--skip` and the last one, from the TensorBoard event times of `charts/learning_rate`, which both
-scripts log once per iteration after the update. Process start-up (imports, Python compilation, env creation)
-and our final evaluation are outside it; whole-process times are reported too. Writes `--out`/vs_cleanrl.json
-and the `vs-cleanrl-cpu` section of docs/benchmarks.md.
+Ours runs with `--compile on`, what its default (`--compile auto`) picks for CleanRL's 1M-step runs but not for
+these short ones; the compilation (~20 s) falls in the first iterations, outside the steady state and inside the
+whole-process times, which are reported too. Runs alternate (ours, CleanRL, CleanRL, ours, ...) one at a time with
+one thread each (OMP_NUM_THREADS=1), so drift of the machine falls on both alike. Speed is steady-state: env steps
+per second of wall time between the iteration after `--skip` and the last one, from the TensorBoard event times of
+`charts/learning_rate`, which both scripts log once per iteration after the update. Process start-up (imports,
+Python compilation, env creation) and our final evaluation are outside it; whole-process times are reported too.
+Writes `--out`/vs_cleanrl.json and the `vs-cleanrl-cpu` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def commands(args: Args, out_dir: Path, script: str, cleanrl_script: str = "") -
             "1",
             "--num-eval-episodes",
             "1",
+            "--compile",  # what --compile auto picks for the 1M-step runs of these settings (156,000 updates)
+            "on",
             "--output-dir",
             str(out_dir),
         ],
@@ -149,7 +153,7 @@ def report(data: dict) -> str:
     return "\n".join(
         [
             f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: "
-            "our `ppo_continuous.py` "
+            "our `ppo_continuous.py` (`--compile on`, what `auto` picks for 1M steps) "
             f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, Gymnasium "
             f"{data['cleanrl_gymnasium']}, torch {data['cleanrl_torch']}) on {a['env_id']} with CleanRL's MuJoCo "
             f"settings, {a['total_timesteps']:,} steps per run, one thread each, alternating; steady-state env steps/s "

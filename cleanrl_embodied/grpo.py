@@ -59,12 +59,13 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import flat_dim, micro_batches, state_dim, state_vector
 
 
 @dataclass
@@ -490,7 +491,7 @@ def main(args: Args) -> dict:
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    amp = autocast(args.autocast, device)
     minibatch_size = batch_size // args.num_minibatches
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
@@ -560,7 +561,7 @@ def main(args: Args) -> dict:
                     denominator = n_alive if args.scale_adv else len(mb)  # of the whole minibatch
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in mb.split(micro_batch_size):
+                    for piece in micro_batches(mb, micro_batch_size):
                         with amp():
                             out = backward_fn(actor, piece, args, denominator, piece["mask"].sum() / n_alive)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])

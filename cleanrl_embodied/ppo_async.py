@@ -72,12 +72,13 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable, state_dim, state_vector
 
 
 @dataclass
@@ -355,8 +356,10 @@ def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -
     gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
     statistics, detached (summed over the pieces they are the minibatch's)."""
     loss, stats = ppo_loss(agent, piece, args)
-    (loss * weight).backward()
-    return loss.detach() * weight, stats * weight
+    if weight != 1.0:  # a piece of a split minibatch
+        loss, stats = loss * weight, stats * weight
+    loss.backward()
+    return loss.detach(), stats
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -397,7 +400,7 @@ class Collector:
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
         self.next_obs, self.next_index = envs.reset(seed=stream_seed(args.seed, "train_envs"))[0], 0  # or load_state()
         self.generator = torch.Generator(device=device).manual_seed(stream_seed(args.seed, "collector"))  # its own
-        self.amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+        self.amp = autocast(args.autocast, device)
         self.task_names = envs.metadata.get("task_names")  # success is also logged per task
         self.rollouts: queue.Queue = queue.Queue(maxsize=args.max_staleness + 1)
         self.cond = threading.Condition()
@@ -615,7 +618,7 @@ def main(args: Args) -> dict:
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile (learner side), or eager
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
-    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    amp = autocast(args.autocast, device)
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
 
@@ -713,7 +716,7 @@ def main(args: Args) -> dict:
                             mb = normalize_advantages(mb) if args.norm_adv else mb
                             optimizer.zero_grad(set_to_none=True)
                             loss = mb_stats = None  # the minibatch's, summed over its pieces (gradients add up)
-                            for piece in mb.split(micro_batch_size):
+                            for piece in micro_batches(mb, micro_batch_size):
                                 with amp():
                                     out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
                                 loss, mb_stats = out if loss is None else (loss + out[0], mb_stats + out[1])

@@ -72,12 +72,13 @@ from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
+    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable, state_dim, state_vector
 
 
 @dataclass
@@ -388,8 +389,10 @@ def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -
     gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
     statistics, detached (summed over the pieces they are the minibatch's)."""
     loss, stats = ppo_loss(agent, piece, args)
-    (loss * weight).backward()
-    return loss.detach() * weight, stats * weight
+    if weight != 1.0:  # a piece of a split minibatch
+        loss, stats = loss * weight, stats * weight
+    loss.backward()
+    return loss.detach(), stats
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -588,7 +591,7 @@ def train(
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.autocast == "bf16")
+    amp = autocast(args.autocast, device)
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
@@ -666,7 +669,7 @@ def train(
                     mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in mb.split(micro_batch_size):
+                    for piece in micro_batches(mb, micro_batch_size):
                         with amp():
                             out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])

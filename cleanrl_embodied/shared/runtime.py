@@ -3,10 +3,12 @@ SIGTERM) and the watch for non-finite env data."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import signal
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ __all__ = [
     "STREAMS",
     "NonFiniteWatch",
     "StopFlag",
+    "autocast",
     "compiler",
     "pick_device",
     "seed_everything",
@@ -56,9 +59,13 @@ def pick_device(cuda: bool) -> torch.device:
     return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
 
 
-COMPILE_PAYS_AFTER = 2000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile: below it, compiling (seconds, once per
-process) costs more than it saves (fractions of a millisecond per update; benchmarks/update_speed.py)."""
+COMPILE_PAYS_AFTER = 20_000
+"""Minibatch updates a run must plan for ``--compile auto`` to compile. Measured on a 2-core CPU, one thread
+(benchmarks/update_vs.py, docs/benchmarks.md): compiling the update and the policy step costs about 15-20 s once
+per process and saves about 0.9 ms per update on CleanRL's HalfCheetah settings (minibatches of 64, where per-call
+overhead dominates), so it pays after about 20,000 updates (a 1M-step CleanRL run plans 156,000); on PushCubeRL's
+256-env settings (minibatches of 640) it saves nothing measurable, and its default 2M-step run (12,500 updates)
+stays eager."""
 
 
 @functools.cache
@@ -83,6 +90,12 @@ def compiler(setting: str, device: torch.device, updates: int, say: Callable[[st
         say(f"warning: --compile {setting}: torch.compile does not work here ({reason}); the update runs eager")
         return lambda fn: fn
     return torch.compile
+
+
+def autocast(setting: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """What ``--autocast`` asks for, as a context factory for the update's forward passes: bf16 autocast on
+    ``device`` (weights and optimizer stay fp32), or a no-op, cheaper to enter than a disabled ``torch.autocast``."""
+    return partial(torch.autocast, device.type, torch.bfloat16) if setting == "bf16" else contextlib.nullcontext
 
 
 def seed_everything(seed: int, torch_deterministic: bool, rank: int = 0) -> None:

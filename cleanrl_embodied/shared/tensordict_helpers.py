@@ -127,6 +127,12 @@ def from_saved(value: dict | torch.Tensor, device: torch.device | str) -> Tensor
     return TensorDict(value, device=device).auto_batch_size_(batch_dims=1)
 
 
+def micro_batches(mb: TensorDict, size: int) -> tuple[TensorDict, ...]:
+    """``mb`` in pieces of at most ``size`` samples (``--micro-batch-size``: gradients accumulated over the pieces);
+    ``(mb,)`` itself when it fits in one, which spares the split's per-call cost on every minibatch."""
+    return (mb,) if size >= mb.shape[0] else mb.split(size)
+
+
 def flat_dim(space: gym.Space) -> int:
     """Size of one observation of ``space`` after :func:`flatten_obs` (Box or nested Dict of Boxes)."""
     if isinstance(space, gym.spaces.Dict):
