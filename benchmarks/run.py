@@ -5,6 +5,7 @@
     uv run python benchmarks/run.py --suite full --tasks HalfCheetah-v5 --seeds 3 --name mujoco-cpu
     uv run python benchmarks/run.py --suite quick --scripts grpo --extra="--learning-rate 3e-3"
     uv run python benchmarks/run.py --suite quick --report-only    # redraw plots and tables from runs.json
+    uv run python benchmarks/run.py --suite quick --skip-done      # continue: finished runs are read, not re-run
 
 Each (script, task, seed) runs `python cleanrl_embodied/<script>.py ...` in its own process, one after
 another (threads pinned with OMP_NUM_THREADS), and is read back from its summary.json and TensorBoard
@@ -134,6 +135,9 @@ class Args:
     """run the first run a second time and compare all its scalars bit for bit (costs one more run)"""
     report_only: bool = False
     """don't run anything: redraw plots and tables from <out>/runs.json"""
+    skip_done: bool = False
+    """read the runs whose directory already holds a finished run (its summary.json) instead of running them again:
+    an interrupted suite, or one built over several invocations, continues where it stopped"""
 
 
 @dataclass
@@ -218,24 +222,30 @@ def command(spec: RunSpec, output_dir: Path, ddp_nproc: int) -> list[str]:
 
 # ---- running and reading back -------------------------------------------------------------------
 def launch(spec: RunSpec, output_dir: Path, args: Args) -> dict:
-    """Run one (script, task, seed) in its own process; return its record for runs.json."""
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    output_dir.mkdir(parents=True)
+    """Run one (script, task, seed) in its own process; return its record for runs.json. With --skip-done, a run
+    that already finished in `output_dir` is read back instead (its process time is then the loop's)."""
     env_vars = {"OMP_NUM_THREADS": str(args.threads)}
     cmd = command(spec, output_dir, args.ddp_nproc)
+    done = list(output_dir.glob("*/summary.json")) if args.skip_done and output_dir.exists() else []
     start = time.time()
-    with open(output_dir / "stdout.log", "w") as log:
-        rc = subprocess.run(
-            cmd, cwd=REPO, env={**os.environ, **env_vars}, stdout=log, stderr=subprocess.STDOUT
-        ).returncode
+    if len(done) == 1:
+        rc, process_wall_s = 0, json.loads(done[0].read_text())["wall_time_s"]
+    else:
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        output_dir.mkdir(parents=True)
+        with open(output_dir / "stdout.log", "w") as log:
+            rc = subprocess.run(
+                cmd, cwd=REPO, env={**os.environ, **env_vars}, stdout=log, stderr=subprocess.STDOUT
+            ).returncode
+        process_wall_s = time.time() - start
     record = {
         "script": spec.script,
         "task": spec.task,
         "seed": spec.seed,
         "command": shell_command(cmd, env_vars),
         "returncode": rc,
-        "process_wall_s": round(time.time() - start, 2),
+        "process_wall_s": round(process_wall_s, 2),
     }
     summaries = list(output_dir.glob("*/summary.json"))
     if rc != 0 or len(summaries) != 1:
