@@ -69,7 +69,7 @@ from cleanrl_embodied.shared.tensordict_helpers import flat_dim, micro_batches, 
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation, checkpoints, --policy
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
     exp_name: str = "grpo"
     """the name of this experiment (part of the run directory name)"""
     num_envs: int = 256
@@ -125,7 +125,8 @@ class Args(RunArgs):  # RunArgs (shared/py): run dir, tracking, envs, evaluation
     """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
     filter_groups: bool = False
     """leave out of the update the groups whose members all got the same returns (no learning signal; DAPO's
-    dynamic sampling, RIPT-VLA's filtering); `grpo/kept_group_frac` logs the share kept"""
+    dynamic sampling without its resampling, RIPT-VLA's filtering); `grpo/kept_group_frac` logs the share kept.
+    Off by default: it did not help on PushCubeLangRL (docs/grpo.md, "Group filtering")"""
     micro_batch_size: int | None = None
     """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
     autocast: Literal["none", "bf16"] = "none"
