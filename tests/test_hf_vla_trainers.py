@@ -101,9 +101,17 @@ def test_a_checkpoint_is_refused_for_another_base_model(tmp_path):
 
 
 def ddp_worker(out: Path) -> None:
-    """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2."""
-    for name, fsdp in (("replicated", False), ("sharded", True)):
-        ppo_ddp.main(vla_args("ppo_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
+    """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2, in one process group that
+    this worker sets up (main() keeps a group its caller made; a second init_process_group after a destroy in the
+    same process can hang in gloo's rendezvous)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        for name, fsdp in (("replicated", False), ("sharded", True)):
+            ppo_ddp.main(vla_args("ppo_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ppo_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
@@ -119,15 +127,18 @@ def test_ppo_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
         __file__,
         str(tmp_path),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    log = tmp_path / "torchrun.log"  # a file, not a pipe: a helper process that outlives the ranks can't hold it open
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-3000:]
     replicated, sharded = (torch.load(checkpoints(tmp_path / n) / "last.pt", weights_only=True)
                            for n in ("replicated", "sharded"))  # fmt: skip
     assert replicated["global_step"] == sharded["global_step"] == 2 * 4 * 4 * 2
     assert replicated["model"].keys() == sharded["model"].keys()
     for key, value in replicated["model"].items():  # whole tensors, the same update up to float rounding
         torch.testing.assert_close(sharded["model"][key], value, rtol=1e-3, atol=1e-5)
-    assert "fsdp: this rank holds" in proc.stdout + proc.stderr
+    assert "fsdp: this rank holds" in output
 
 
 if __name__ == "__main__":
