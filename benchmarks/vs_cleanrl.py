@@ -9,7 +9,7 @@ Both scripts train the same task (HalfCheetah-v4: the id Gymnasium 0.29 has; our
 too) with the same hyperparameters: CleanRL's defaults, which benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt
 copies (1 env x 2048 steps, 10 epochs x 32 minibatches, 64x64 MLPs, observation and reward normalization).
 Ours runs with `--compile on`, what its default (`--compile auto`) picks for CleanRL's 1M-step runs but not for
-these short ones; the compilation (~20 s) falls in the first iterations, outside the steady state and inside the
+these short ones; the compilation (~10 s) falls in the first iterations, outside the steady state and inside the
 whole-process times, which are reported too. Runs alternate (ours, CleanRL, CleanRL, ours, ...) one at a time with
 one thread each (OMP_NUM_THREADS=1), so drift of the machine falls on both alike. Speed is steady-state: env steps
 per second of wall time between the iteration after `--skip` and the last one, from the TensorBoard event times of

@@ -59,13 +59,12 @@ def pick_device(cuda: bool) -> torch.device:
     return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
 
 
-COMPILE_PAYS_AFTER = 20_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile. Measured on a 2-core CPU, one thread
-(benchmarks/update_vs.py, docs/benchmarks.md): compiling the update and the policy step costs about 15-20 s once
-per process and saves about 0.9 ms per update on CleanRL's HalfCheetah settings (minibatches of 64, where per-call
-overhead dominates), so it pays after about 20,000 updates (a 1M-step CleanRL run plans 156,000); on PushCubeRL's
-256-env settings (minibatches of 640) it saves nothing measurable, and its default 2M-step run (12,500 updates)
-stays eager."""
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for ``--compile auto`` to compile. Measured on a 2-core CPU, one thread, side
+by side (benchmarks/update_vs.py, docs/benchmarks.md): compiling the update and the policy step costs about 9-12 s
+once per process and then saves about 0.8 ms per update on CleanRL's HalfCheetah settings (minibatches of 64) and
+about 1 ms on PushCubeRL's (640): it pays after roughly 8,000-15,000 updates. A 1M-step CleanRL run plans 156,000;
+PushCubeRL's default 2M-step run 12,500."""
 
 
 @functools.cache
