@@ -30,11 +30,13 @@ RUN = dict(
 def worker(out_dir: Path) -> None:
     """Runs on each rank under torchrun (`python tests/test_ppo_ddp_fsdp.py OUT_DIR`)."""
     rank = int(os.environ["RANK"])
-    for name, fsdp in (("replicated", False), ("sharded", True)):  # main makes and ends torchrun's group
+    # One group for every run, which main() keeps (a second init_process_group after a destroy in the same
+    # process could hang in gloo's rendezvous); tests/test_ppo_ddp.py runs main() on the group it makes itself.
+    dist.init_process_group("gloo")
+    for name, fsdp in (("replicated", False), ("sharded", True)):
         out = ddp.main(ddp.Args(output_dir=str(out_dir / name), fsdp=fsdp, **RUN))
         torch.save(out["model"], out_dir / f"{name}_model_{rank}.pt")
-    # the sharded run, resumed from its iteration-2 checkpoint on a fresh group
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
+    # the sharded run, resumed from its iteration-2 checkpoint
     half_way = next((out_dir / "sharded").iterdir()) / "checkpoints" / "iter_000002.pt"
     ddp.main(ddp.Args(output_dir=str(out_dir / "resumed"), fsdp=True, resume=str(half_way), **RUN))
     frozen = dict(RUN, policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": 64}))
