@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -115,23 +114,9 @@ def ddp_worker(out: Path) -> None:
 
 
 def test_ppo_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        __file__,
-        str(tmp_path),
-    ]
-    log = tmp_path / "torchrun.log"  # a file, not a pipe: a helper process that outlives the ranks can't hold it open
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900)
-    output = log.read_text()
-    assert proc.returncode == 0, output[-3000:]
+    from tests.torchrun import two_ranks as two_ranks_run
+
+    output = two_ranks_run(__file__, str(tmp_path), timeout=900, pythonpath=(str(REPO),))
     replicated, sharded = (torch.load(checkpoints(tmp_path / n) / "last.pt", weights_only=True)
                            for n in ("replicated", "sharded"))  # fmt: skip
     assert replicated["global_step"] == sharded["global_step"] == 2 * 4 * 4 * 2

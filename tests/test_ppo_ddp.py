@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tensordict import TensorDict
 from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied import ppo_ddp as ddp
 from tests.envs_for_tests import spaces
+from tests.torchrun import two_ranks as two_ranks_run
 
 TINY = dict(
     num_envs=8,
@@ -84,26 +84,7 @@ def rank() -> int:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[Path, str]:
     out_dir = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            __file__,
-            str(out_dir),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    return out_dir, output
+    return out_dir, two_ranks_run(__file__, str(out_dir), timeout=300)
 
 
 def test_averaged_gradient_equals_the_gradient_of_the_union(two_ranks):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -48,21 +47,10 @@ def worker(out_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])  # toy_policies
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        __file__,
-        str(out_dir),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    (out_dir / "output.txt").write_text(proc.stdout + proc.stderr)
+    from tests.torchrun import two_ranks as two_ranks_run
+
+    output = two_ranks_run(__file__, str(out_dir), pythonpath=(str(Path(__file__).parent),))  # toy_policies
+    (out_dir / "output.txt").write_text(output)
     return out_dir
 
 

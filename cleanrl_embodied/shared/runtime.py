@@ -8,7 +8,6 @@ import functools
 import random
 import signal
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -94,7 +93,9 @@ def compiler(setting: str, device: torch.device, updates: int, say: Callable[[st
 def autocast(setting: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     """What ``--autocast`` asks for, as a context factory for the update's forward passes: bf16 autocast on
     ``device`` (weights and optimizer stay fp32), or a no-op, cheaper to enter than a disabled ``torch.autocast``."""
-    return partial(torch.autocast, device.type, torch.bfloat16) if setting == "bf16" else contextlib.nullcontext
+    return (
+        functools.partial(torch.autocast, device.type, torch.bfloat16) if setting == "bf16" else contextlib.nullcontext
+    )
 
 
 def seed_everything(seed: int, torch_deterministic: bool, rank: int = 0) -> None:
