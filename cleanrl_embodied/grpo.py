@@ -15,9 +15,10 @@ success; below the episode limit, long episodes are not left out), `grpo/finishe
 episode ended, `charts/episodic_return` / `_length` the means over the first episodes that ended.
 
 Read top to bottom: `Args`, the `Actor`, the pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
-`grpo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps unchanged
-(`--compile`: by default where the run is long enough for it to pay), then `main`. Flag checks, checkpoint
-loading, evaluation and Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm is all here.
+`episode_advantages`, `grpo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile
+wraps unchanged (`--compile`: by default where the run is long enough for it to pay), then `main`. Flag checks,
+checkpoint loading, evaluation and Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm
+is all here.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """discount factor of the step-wise returns-to-go"""
     truncate_at_first_done: bool = True
     """mask out each env's data after its first done (terminated | truncated)"""
+    advantage: Literal["step", "episode"] = "step"
+    """step: each step's discounted return-to-go against the group members still alive at that step; episode:
+    each member's undiscounted first-episode return against its whole group's, given to all of its steps
+    (GRPO's outcome supervision; for 0/1 success rewards, where an early success leaves the failures' later
+    steps nobody alive to be compared with: docs/grpo.md, "Step or episode advantages")"""
     scale_adv: bool = True
     """divide by the group std and average the loss over alive samples (``--no-scale-adv``: Dr. GRPO, neither)"""
     adv_eps: float = 1e-4
@@ -148,6 +154,8 @@ def validate(args: Args) -> None:
     )  # fmt: skip
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
+    if args.advantage == "episode" and not args.truncate_at_first_done:
+        fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -242,6 +250,16 @@ def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float | tor
         running = rewards[t] + discounts[t] * torch.where(dones[t], 0.0, running)
         returns[t] = running
     return returns
+
+
+def episode_advantages(
+    rewards: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
+) -> tuple[torch.Tensor, TensorDict]:
+    """Outcome-level group advantages: each member's undiscounted return over its first episode (`mask` [T, N])
+    against its whole group's, as `group_advantages` compares one cell; every step of the episode gets it."""
+    returns = torch.where(mask, rewards, 0.0).sum(0, keepdim=True)  # [1, N]
+    adv, stats = group_advantages(returns, torch.ones_like(mask[:1]), group_size, scale, eps)
+    return torch.where(mask, adv, 0.0), stats
 
 
 def first_episode_mask(dones: torch.Tensor) -> torch.Tensor:
@@ -477,7 +495,8 @@ def main(args: Args) -> dict:
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
-    policy, advantages_fn = compiled(policy_step), compiled(group_advantages)
+    policy = compiled(policy_step)
+    advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
     storage = rollout_storage(
@@ -540,7 +559,11 @@ def main(args: Args) -> dict:
                     if args.truncate_at_first_done
                     else torch.ones_like(storage["done"])
                 )
-                returns = returns_to_go(storage["reward"], storage["done"], storage["discount"])
+                returns = (
+                    returns_to_go(storage["reward"], storage["done"], storage["discount"])
+                    if args.advantage == "step"
+                    else storage["reward"]  # episode_advantages sums them over each first episode
+                )
                 advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
                 kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
                 if args.filter_groups:  # the others leave the update (and its averages) altogether

@@ -19,7 +19,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensordict import TensorDict
 
 from cleanrl_embodied import grpo
-from cleanrl_embodied.grpo import Args, first_episode_mask, group_advantages, main, returns_to_go
+from cleanrl_embodied.grpo import (
+    Args,
+    episode_advantages,
+    first_episode_mask,
+    group_advantages,
+    main,
+    returns_to_go,
+)
 from cleanrl_embodied.shared import make_env
 from tests.envs_for_tests import spaces
 
@@ -208,6 +215,46 @@ def test_group_advantages_degenerate_groups_are_zero_not_nan():
     # Dr. GRPO: centring only
     adv_c, _ = group_advantages(returns, mask, 4, False, 1e-8)
     torch.testing.assert_close(adv_c[1, :2], torch.tensor([-1.0, 1.0]))
+
+
+def sparse_success_rollout():
+    """Two groups of 4 over 6 steps, reward 1 on the success step (which ends the episode), 0 elsewhere. Group 0:
+    member 0 succeeds at step 1, member 1 at step 4, members 2 and 3 never (still running at the horizon). Group 1:
+    all fail, member 5 by a time-out at step 2 (a done with reward 0)."""
+    rewards, dones = torch.zeros(6, 8), torch.zeros(6, 8, dtype=torch.bool)
+    rewards[1, 0] = dones[1, 0] = 1
+    rewards[4, 1] = dones[4, 1] = 1
+    dones[2, 5] = True
+    dones[4, 0] = True  # a second episode of member 0: masked out, its reward too
+    rewards[4, 0] = 1
+    return rewards, dones
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_episode_advantages_are_outcome_advantages_on_every_step(scale):
+    rewards, dones = sparse_success_rollout()
+    mask = first_episode_mask(dones)
+    adv, stats = episode_advantages(rewards, mask, 4, scale, 1e-8)
+    outcome = torch.tensor([1.0, 1.0, 0.0, 0.0])  # first-episode returns of group 0
+    expected = outcome - outcome.mean()
+    if scale:
+        expected = expected / outcome.std()  # Bessel: (G - 1) degrees of freedom
+    for n in range(4):  # each member's advantage on all of its first episode's steps, 0 after it
+        torch.testing.assert_close(adv[mask[:, n], n], expected[n].expand(int(mask[:, n].sum())))
+        assert (adv[~mask[:, n], n] == 0).all()
+    assert (adv[:, 4:] == 0).all()  # all failed: no signal, no NaN
+    assert float(stats["zero_adv_group_frac"]) == 0.5
+    # the step-wise comparison leaves the failures' steps after the last success without a signal: only
+    # failures are alive there, all with return 0. The outcome comparison reaches them.
+    step_adv, _ = group_advantages(returns_to_go(rewards, dones, 1.0), mask, 4, scale, 1e-8)
+    assert (step_adv[5:, 2:4] == 0).all() and (adv[5:, 2:4] < 0).all()
+
+
+def test_episode_advantage_needs_first_episodes_one_line(tmp_path):
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, advantage="episode", truncate_at_first_done=False))
+    assert "--advantage episode" in one_line_exit(excinfo) and "--truncate-at-first-done" in str(excinfo.value)
+    assert not any(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,6 +469,9 @@ def test_compiled_functions_agree_with_eager():
     compiled = torch.compile(group_advantages)(returns, mask, 4, True, 1e-4)
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled[1]["mean_group_std"], eager[1]["mean_group_std"])
+    eager = episode_advantages(rewards, mask, 4, True, 1e-4)
+    compiled = torch.compile(episode_advantages)(rewards, mask, 4, True, 1e-4)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
     actor = tiny_actor()
     g = torch.Generator().manual_seed(0)
     mb = TensorDict(
@@ -476,10 +526,12 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     assert "--norm-obs" in one_line_exit(excinfo)
 
 
-def test_grpo_learns_the_toy_task(tmp_path):
+@pytest.mark.parametrize("advantage", ["step", "episode"])
+def test_grpo_learns_the_toy_task(tmp_path, advantage):
     """A real, short run: reward -(a - x)^2 -> the deterministic policy gets much closer to x."""
     args = tiny_args(
         tmp_path,
+        advantage=advantage,
         env_id="GRPOToy-v0",
         num_envs=64,
         group_size=8,
