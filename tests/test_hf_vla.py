@@ -7,6 +7,7 @@ peft fails the module instead of skipping it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -306,6 +307,31 @@ def test_save_load_restores_the_policy_and_starts_fresh_adapters(head, tmp_path)
     assert any("lora_B" in n for n in loaded.trainable_parameters())
     assert all(p.abs().sum() == 0 for n, p in loaded.trainable_parameters().items() if "lora_B" in n)
     assert json.loads((tmp_path / "a" / "vla_config.json").read_text())["action_chunk"] == 2
+
+
+def test_start_logstd_sets_the_exploration_noise_of_policy_and_reference_alike(tmp_path):
+    """Behaviour cloning fits the Gaussian's std to its own errors; RL may start from another noise level: the loaded
+    mean is kept, the std replaced in the policy and in its KL reference (equal at the start)."""
+    env = lang_env()
+    policy = build(env, "gaussian")
+    obs = first_obs(env)
+    train_steps(policy, obs)
+    policy.save_pretrained(tmp_path / "vla")
+    loaded = build(env, "gaussian", model_path=str(tmp_path / "vla"))
+    quiet = build(env, "gaussian", model_path=str(tmp_path / "vla"), start_logstd=-2.5)
+    with torch.no_grad():
+        dist, ref = quiet.dist(obs), quiet.reference_dist(obs)
+        assert torch.equal(dist.mean, loaded.dist(obs).mean)
+        assert torch.allclose(dist.stddev, torch.full_like(dist.stddev, math.exp(-2.5)))
+        assert not torch.allclose(loaded.dist(obs).stddev, dist.stddev)
+        assert torch.equal(ref.stddev, dist.stddev) and torch.equal(ref.mean, dist.mean)
+    assert quiet.action_head.log_std.requires_grad  # it still trains
+    with pytest.raises(SystemExit) as e:
+        build(env, "bins", bins=16, start_logstd=-2.0)
+    assert "start_logstd" in one_line_exit(e) and "gaussian" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, "gaussian", start_logstd="low")
+    assert "start_logstd" in one_line_exit(e)
 
 
 def test_loads_a_plain_transformers_checkpoint_with_new_heads(tmp_path):

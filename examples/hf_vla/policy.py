@@ -350,7 +350,7 @@ class HFVLAPolicy(nn.Module):
 # ---- the factory ------------------------------------------------------------------------------------------------
 ARCHITECTURE_KWARGS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size")
 HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens")
-RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed")
+RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -367,7 +367,7 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
     seed = kwargs.get("init_seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         fail(f"--policy-kwargs: init_seed must be an integer >= 0, got {seed!r}")
-    for name in ("lora_alpha", "init_logstd"):
+    for name in ("lora_alpha", "init_logstd", "start_logstd"):
         value = kwargs.get(name, 1.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             fail(f"--policy-kwargs: {name} must be a number, got {value!r}")
@@ -473,7 +473,8 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``: fixed
     by a saved VLA), and ``model_path``, ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear",
     a regex or a list of module names), ``dtype`` of the frozen weights (float32, bfloat16), ``init_seed`` (0: what
-    is random at build, so every call builds the same policy)."""
+    is random at build, so every call builds the same policy), ``start_logstd`` (gaussian head: the log-std the
+    policy and its reference start from, replacing the built or loaded one)."""
     _check_kwargs(kwargs)
     if getattr(args, "norm_obs", False):
         fail("--policy examples.hf_vla:make_policy scales its images itself and has no obs_rms; drop --norm-obs")
@@ -521,6 +522,13 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
         policy = HFVLAPolicy(backbone, tokenizer, config, lora)
         if saved is not None:
             policy.load_heads(model_path)
+    if "start_logstd" in kwargs:  # the exploration noise RL starts from, in the policy and its reference alike
+        if config.action_head != "gaussian":
+            fail(
+                f"--policy-kwargs: start_logstd sets the gaussian head's log-std; --action-head is {config.action_head}"
+            )
+        for head in (policy.action_head, policy.reference_head):
+            head.log_std.data.fill_(float(kwargs["start_logstd"]))
     return policy
 
 
