@@ -434,6 +434,35 @@ def test_bc_script_records_demos_trains_saves_and_reports(tmp_path):
     assert policy.config.action_chunk == 2 and policy.config.action_bins == 8
 
 
+def test_demo_noise_executes_noisy_actions_and_labels_the_clean_expert():
+    """DART: the env runs expert + noise, the sample's target is the expert's own action at the state reached."""
+
+    class Recording:  # the env, recording the actions it is given
+        def __init__(self, env):
+            self.env, self.executed = env, []
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def step(self, action):
+            self.executed.append(action.clone())
+            return self.env.step(action)
+
+    runs = {}
+    for noise in (0.0, 0.3):
+        env = Recording(make_env("PushCubeLangRL", num_envs=3, seed=0, **ENV_KWARGS))
+        obs, targets, valid = bc.collect_demos(env, num_episodes=3, seed=0, chunk=1, noise=noise)
+        runs[noise] = (obs, targets[:, 0], torch.stack(env.executed).reshape(-1, 3))
+    clean_obs, clean_targets, clean_executed = runs[0.0]
+    noisy_obs, noisy_targets, noisy_executed = runs[0.3]
+    assert torch.equal(clean_executed, clean_targets)  # no noise: the env runs the labels
+    gap = (noisy_executed - noisy_targets).flatten()
+    assert (noisy_executed.abs() <= 1).all() and 0.2 < float(gap.std()) < 0.35  # noise 0.3, clipped at the bounds
+    assert torch.equal(noisy_obs[:3]["rgb"], clean_obs[:3]["rgb"])  # the same starts and first labels ...
+    assert torch.equal(noisy_targets[:3], clean_targets[:3])
+    assert not torch.equal(noisy_obs[3:6]["rgb"], clean_obs[3:6]["rgb"])  # ... then the noise moves the arm
+
+
 def test_demo_chunks_hold_the_expert_actions_of_the_same_episode():
     env = make_env("PushCubeLangRL", num_envs=3, seed=0, max_episode_steps=5, **ENV_KWARGS)
     obs, targets, valid = bc.collect_demos(env, num_episodes=6, seed=0, chunk=3)

@@ -62,6 +62,9 @@ class Args:
     """JSON keyword arguments of examples.hf_vla:make_policy (e.g. '{"lora_rank": 16}' or a model_path to start from)"""
     demo_episodes: int = 512
     """expert episodes to record (every step of them is a sample)"""
+    demo_noise: float = 0.0
+    """std of Gaussian noise added to the action the env executes while recording (DART, Laskey et al. 2017); the
+    label stays the expert's clean action, so the demonstrations show how the expert recovers from small errors"""
     num_envs: int = 64
     """parallel envs recording demonstrations"""
     steps: int = 2000
@@ -82,15 +85,25 @@ class Args:
     """also evaluate every this many steps (the success-vs-steps curve; 0: only at the end)"""
 
 
-def collect_demos(env, num_episodes: int, seed: int, chunk: int) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+def collect_demos(
+    env, num_episodes: int, seed: int, chunk: int, noise: float = 0.0
+) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
     """Run the expert until ``num_episodes`` episodes ended; return the observations [S], the targets [S, chunk, D]
-    (the expert's next ``chunk`` actions) and which of them belong to the sample's episode [S, chunk]."""
+    (the expert's next ``chunk`` actions) and which of them belong to the sample's episode [S, chunk]. With
+    ``noise`` the env executes the expert's action plus N(0, noise^2) per entry (clipped to the bounds), the target
+    stays the clean action."""
     obs, _ = env.reset(seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    low, high = (
+        torch.as_tensor(b, dtype=torch.float32) for b in (env.single_action_space.low, env.single_action_space.high)
+    )
     observations, actions, dones, ended = [], [], [], 0
     while ended < num_episodes:
         action = expert_action(env)
         observations.append(obs)
         actions.append(action)
+        if noise > 0:
+            action = (action + noise * torch.randn(action.shape, generator=generator)).clamp(low, high)
         obs, _, terminated, truncated, _ = env.step(action)
         dones.append(terminated | truncated)
         ended += int(dones[-1].sum())
@@ -130,7 +143,8 @@ def evaluate_policy(policy: HFVLAPolicy, env, episodes: int, seed: int) -> dict:
 
 def main(args: Args) -> dict:
     check_args(args, positive=("action_bins", "action_chunk", "demo_episodes", "num_envs", "steps", "batch_size",
-                               "learning_rate", "eval_episodes", "num_eval_envs"), non_negative=("eval_every",),
+                               "learning_rate", "eval_episodes", "num_eval_envs"),
+               non_negative=("eval_every", "demo_noise"),
                sizes=(), json_objects=("env_kwargs", "policy_kwargs"))  # fmt: skip
     if "PushCube" not in args.env_id:
         fail(f"--env-id {args.env_id}: the scripted expert drives PushCubeRL and PushCubeLangRL only")
@@ -146,7 +160,7 @@ def main(args: Args) -> dict:
         eval_env = ActionChunks(eval_env, args.action_chunk, gamma=1.0)
     obs_space, act_space = eval_env.single_observation_space, eval_env.single_action_space
     policy = make_policy(obs_space, act_space, args, **json.loads(args.policy_kwargs))
-    obs, targets, valid = collect_demos(demo_env, args.demo_episodes, args.seed, args.action_chunk)
+    obs, targets, valid = collect_demos(demo_env, args.demo_episodes, args.seed, args.action_chunk, args.demo_noise)
     collect_s = time.time() - start
     trainable = [p for p in policy.parameters() if p.requires_grad]
     counts = {"total": sum(p.numel() for p in policy.parameters()), "trainable": sum(p.numel() for p in trainable)}
