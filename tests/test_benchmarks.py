@@ -513,3 +513,26 @@ def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_
     assert flags.count("--env-id") == 1 and flags.count("--total-timesteps") == 1  # overrides replace the config's
     with pytest.raises(SystemExit, match="--cleanrl-python must be the python of a venv with cleanrl"):
         vs.main(vs.Args(cleanrl_python=str(tmp_path / "missing")))
+
+
+def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start():
+    """benchmarks/vla_rl.py: its behaviour-cloning and RL commands are accepted by bc.py's and the trainers' Args
+    (nothing is run), each RL run starts from its own seed's behaviour-cloned model, GRPO with episode advantages."""
+    vla_rl = importlib.import_module("vla_rl")
+    bc = importlib.import_module("examples.hf_vla.bc")
+    args = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,))
+    bc_args = tyro.cli(bc.Args, args=vla_rl.bc_command(args, 2)[2:])
+    assert bc_args.out == "/tmp/vla/bc_s2" and bc_args.seed == 2 and bc_args.demo_noise == 0.3
+    for algo, script in (("grpo", "grpo"), ("ppo", "ppo_continuous")):
+        cmd = vla_rl.rl_command(args, algo, 2)
+        assert cmd[1].endswith(f"cleanrl_embodied/{script}.py")
+        parsed = tyro.cli(importlib.import_module(f"cleanrl_embodied.{script}").Args, args=cmd[2:])
+        assert json.loads(parsed.policy_kwargs) == {"model_path": "/tmp/vla/bc_s2"} and parsed.seed == 2
+        assert json.loads(parsed.env_kwargs)["reward_weights"]["success"] == 1
+        assert parsed.output_dir == f"/tmp/vla/{algo}_s2"
+    assert (
+        tyro.cli(
+            importlib.import_module("cleanrl_embodied.grpo").Args, args=vla_rl.rl_command(args, "grpo", 2)[2:]
+        ).advantage
+        == "episode"
+    )
