@@ -530,6 +530,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
         assert json.loads(parsed.policy_kwargs) == {"model_path": "/tmp/vla/bc_s2"} and parsed.seed == 2
         assert json.loads(parsed.env_kwargs)["reward_weights"]["success"] == 1
         assert parsed.output_dir == f"/tmp/vla/{algo}_s2"
+        assert parsed.total_timesteps == (args.grpo_timesteps if algo == "grpo" else args.ppo_timesteps)
     assert (
         tyro.cli(
             importlib.import_module("cleanrl_embodied.grpo").Args, args=vla_rl.rl_command(args, "grpo", 2)[2:]
