@@ -140,7 +140,7 @@ def commands(args: Args, seed: int) -> list[str]:
     ]
 
 
-def report(args: Args, data: dict) -> str:
+def report(data: dict) -> str:
     seeds = data["seeds"]
     rows, gains = [], {a: [] for a in ALGOS}
     for seed, entry in seeds.items():
@@ -237,7 +237,7 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "vla_rl.png")
-    body = report(args, data)
+    body = report(data)
     (out / "report.md").write_text(f"# VLA RL from behaviour cloning ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
     write_section(RESULTS_MD, "vla-rl-cpu", f"## VLA RL from behaviour cloning (CPU)\n\n{body}\n\n"
                   "![VLA RL](results/vla-rl-cpu/vla_rl.png)")  # fmt: skip
