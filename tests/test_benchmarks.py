@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -537,3 +538,69 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
         ).advantage
         == "episode"
     )
+
+
+def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
+    """The premise of benchmarks/vla_rl.py's paired evaluation: evaluations that reset its envs with its seed see
+    the same first observations (image, state, instruction of every env) whatever was played before, and another
+    seed's envs see other ones."""
+    import torch
+
+    from cleanrl_embodied.shared.evaluation import evaluate
+
+    vla_rl = importlib.import_module("vla_rl")
+
+    def first_obs(env, reset_seed, action):
+        seen = []
+
+        def act(obs, generator):
+            seen.append(obs.clone())
+            return torch.full((env.num_envs, 3), action)
+
+        evaluate(act, env, env.num_envs, reset_seed)
+        return seen[0]
+
+    env, reset_seed = vla_rl.paired_env(1, 6)
+    a, b = first_obs(env, reset_seed, 1.0), first_obs(env, reset_seed, -1.0)
+    assert all(torch.equal(a[k], b[k]) for k in a.keys(True, True))
+    other_env, other_seed = vla_rl.paired_env(2, 6)
+    c = first_obs(other_env, other_seed, 1.0)
+    assert not torch.equal(a["state"], c["state"])
+
+
+def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(tmp_path, monkeypatch):
+    """benchmarks/vla_rl.py's paired final evaluation: a checkpoint holding the start's own weights scores exactly
+    what the start scores, a checkpoint of another base is refused, and results are kept until a checkpoint
+    is written again."""
+    import torch
+
+    from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
+    from cleanrl_embodied.shared.envs import make_env
+    from examples.hf_vla import make_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    vla_rl = importlib.import_module("vla_rl")
+    args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=6)
+    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.SPARSE)
+    flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
+    spaces = (env.single_observation_space, env.single_action_space)
+    make_policy(*spaces, flags).save_pretrained(tmp_path / "bc_s1")
+    policy = make_policy(*spaces, flags, model_path=str(tmp_path / "bc_s1"))
+
+    def save_run(algo: str, frozen: str) -> Path:
+        run = tmp_path / f"{algo}_s1" / "run"
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model_state(policy), "frozen": frozen}, run / "checkpoints/last.pt")
+        (run / "summary.json").write_text("{}")
+        return run
+
+    grpo_run = save_run("grpo", frozen_fingerprint(policy))
+    results = vla_rl.final_eval(args, 1)
+    assert set(results) == {"bc", "grpo"} and results["grpo"] == results["bc"]
+    cached = json.loads((tmp_path / "final_eval_s1.json").read_text())
+    assert cached["results"] == results and cached["key"]["episodes"] == 6
+    assert vla_rl.final_eval(args, 1) == results
+    save_run("grpo", "another base")  # the checkpoint written again (new mtime): evaluated again, and refused
+    os.utime(grpo_run / "checkpoints/last.pt", ns=(1, 1))
+    with pytest.raises(SystemExit, match="frozen weights"):
+        vla_rl.final_eval(args, 1)
