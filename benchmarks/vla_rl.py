@@ -14,9 +14,10 @@ Per seed s, in `--runs-dir`:
 4. `final_eval_s<s>.json`: the start and both final policies evaluated on the same 512 episodes (`final_eval`): the
    gains the table reports are differences on identical starts and instructions.
 
-Written to `--out` (default docs/results/vla-rl-cpu/): `report.md` (the table, the machine, the exact commands),
-`vla_rl.png` (in-run eval success vs env steps, each seed and the mean, the paired evaluation as circles),
-`runs.json` (what they are drawn from). The report also replaces the `vla-rl-cpu` section of docs/benchmarks.md.
+Written to `--out` (default docs/results/vla-rl-cpu/, or vla-rl-cpu-filter-groups/ with `--grpo-filter-groups`):
+`report.md` (the table, the machine, the exact commands), `vla_rl.png` (in-run eval success vs env steps, each
+seed and the mean, the paired evaluation as circles), `runs.json` (what they are drawn from). The report also
+replaces its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ class Args:
     """seeds: of the demonstrations and behaviour cloning, and of the RL run from that start"""
     runs_dir: str = "runs/vla_rl"
     """where the behaviour-cloned models and the run directories go"""
-    out: str = str(RESULTS_DIR / "vla-rl-cpu")
-    """where report.md, vla_rl.png and runs.json go"""
+    out: str | None = None
+    """where report.md, vla_rl.png and runs.json go (None: docs/results/vla-rl-cpu, or vla-rl-cpu-filter-groups
+    with --grpo-filter-groups); a directory of docs/results also gets its section of docs/benchmarks.md"""
     grpo_timesteps: int = 512_000
     """env steps of each GRPO run"""
+    grpo_filter_groups: bool = False
+    """GRPO with --filter-groups (groups whose members all got the same return leave the update): the ablation on
+    docs/VLA.md, run into its own --runs-dir (a runs dir holds one setting)"""
     ppo_timesteps: int = 512_000
     """env steps of each PPO run"""
     bc_steps: int = 2000
@@ -99,7 +104,7 @@ def rl_command(args: Args, algo: str, seed: int) -> list[str]:
     ]  # fmt: skip
     if algo == "grpo":
         return [sys.executable, str(REPO / "cleanrl_embodied/grpo.py"), *common, "--group-size", "8",
-                "--advantage", "episode"]  # fmt: skip
+                "--advantage", "episode"] + ["--filter-groups"] * args.grpo_filter_groups  # fmt: skip
     return [sys.executable, str(REPO / "cleanrl_embodied/ppo_continuous.py"), *common, "--num-steps", "50",
             "--gamma", "0.99", "--gae-lambda", "0.95"]  # fmt: skip
 
@@ -330,14 +335,15 @@ def main(args: Args) -> None:
     data = collect(args)
     if not data["seeds"]:
         sys.exit(f"error: --runs-dir {args.runs_dir}: no finished behaviour cloning (bc_s<seed>/bc_eval.json)")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else RESULTS_DIR / ("vla-rl-cpu" + "-filter-groups" * args.grpo_filter_groups)
+    title = "VLA RL from behaviour cloning" + ", GRPO with --filter-groups" * args.grpo_filter_groups
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "vla_rl.png")
     body = report(data)
-    (out / "report.md").write_text(f"# VLA RL from behaviour cloning ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
-    write_section(RESULTS_MD, "vla-rl-cpu", f"## VLA RL from behaviour cloning (CPU)\n\n{body}\n\n"
-                  "![VLA RL](results/vla-rl-cpu/vla_rl.png)")  # fmt: skip
+    (out / "report.md").write_text(f"# {title} ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
+    if out.resolve().parent == RESULTS_DIR.resolve():
+        write_section(RESULTS_MD, out.name, f"## {title} (CPU)\n\n{body}\n\n![VLA RL](results/{out.name}/vla_rl.png)")
     print(body)
 
 

@@ -532,12 +532,11 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
         assert json.loads(parsed.env_kwargs)["reward_weights"]["success"] == 1
         assert parsed.output_dir == f"/tmp/vla/{algo}_s2"
         assert parsed.total_timesteps == (args.grpo_timesteps if algo == "grpo" else args.ppo_timesteps)
-    assert (
-        tyro.cli(
-            importlib.import_module("cleanrl_embodied.grpo").Args, args=vla_rl.rl_command(args, "grpo", 2)[2:]
-        ).advantage
-        == "episode"
-    )
+    grpo = importlib.import_module("cleanrl_embodied.grpo")
+    parsed = tyro.cli(grpo.Args, args=vla_rl.rl_command(args, "grpo", 2)[2:])
+    assert parsed.advantage == "episode" and not parsed.filter_groups
+    filtered = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,), grpo_filter_groups=True)
+    assert tyro.cli(grpo.Args, args=vla_rl.rl_command(filtered, "grpo", 2)[2:]).filter_groups
 
 
 def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
