@@ -150,10 +150,10 @@ def final_eval(args: Args, seed: int) -> dict:
     checkpoints = {"bc": None}
     for algo in ALGOS:
         found = run_dir(args, algo, seed)
-        if found is not None:
+        if found is not None and (found / "checkpoints" / "last.pt").is_file():
             checkpoints[algo] = found / "checkpoints" / "last.pt"
     files = {name: path or bc_dir / "model.safetensors" for name, path in checkpoints.items()}
-    key = {name: [str(f.resolve()), f.stat().st_mtime_ns] for name, f in files.items() if f.exists()}
+    key = {name: [str(f.resolve()), f.stat().st_mtime_ns] for name, f in files.items()}
     key["episodes"] = args.final_eval_episodes
     cache = Path(args.runs_dir, f"final_eval_s{seed}.json")
     if cache.is_file() and json.loads(cache.read_text())["key"] == key:
@@ -305,6 +305,8 @@ def plot(data: dict, path: Path) -> None:
                 ax.plot([0, *c["steps"]], [entry["bc_success"], *c["success"]], color=color, alpha=0.5,
                         label=f"seed {seed}")  # fmt: skip
                 paired = entry["final_eval"]
+                if algo not in paired:  # a run without its last checkpoint
+                    continue
                 ax.plot([0, c["steps"][-1]], [paired["bc"]["success_rate"], paired[algo]["success_rate"]], "o",
                         color=color, mfc="none")  # fmt: skip
         if curves and all(c["steps"] == curves[0]["steps"] for c in curves):
