@@ -143,8 +143,8 @@ def final_eval(args: Args, seed: int) -> dict:
     import torch
 
     from cleanrl_embodied.shared.checkpoints import load_model_state
-    from cleanrl_embodied.shared.evaluation import evaluate
     from examples.hf_vla import make_policy
+    from examples.hf_vla.bc import evaluate_policy
 
     bc_dir = Path(args.runs_dir, f"bc_s{seed}")
     checkpoints = {"bc": None}
@@ -156,8 +156,9 @@ def final_eval(args: Args, seed: int) -> dict:
     key = {name: [str(f.resolve()), f.stat().st_mtime_ns] for name, f in files.items()}
     key["episodes"] = args.final_eval_episodes
     cache = Path(args.runs_dir, f"final_eval_s{seed}.json")
-    if cache.is_file() and json.loads(cache.read_text())["key"] == key:
-        return json.loads(cache.read_text())["results"]
+    kept = json.loads(cache.read_text()) if cache.is_file() else {}
+    if kept.get("key") == key:
+        return kept["results"]
     n = args.final_eval_episodes
     env, reset_seed = paired_env(seed, n)
     head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
@@ -166,13 +167,8 @@ def final_eval(args: Args, seed: int) -> dict:
         policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(bc_dir))
         if path is not None:
             load_model_state(policy, torch.load(path, map_location="cpu", weights_only=False), "checkpoint", str(path))
-        policy.eval()
-
-        def act(obs, generator, policy=policy):
-            return policy.env_action(policy.dist(obs).mode)
-
         with torch.no_grad():
-            results[name] = evaluate(act, env, n, reset_seed)
+            results[name] = evaluate_policy(policy.eval(), env, n, reset_seed)  # bc.py's: argmax bins
         print(f"seed {seed} {name}: success {results[name]['success_rate']:.3f} on {n} paired episodes")
     env.close()
     cache.write_text(json.dumps({"key": key, "results": results}, indent=1) + "\n")
