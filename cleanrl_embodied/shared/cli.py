@@ -18,7 +18,6 @@ from typing import Any, Literal
 import torch
 
 from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS, check_env_id, make_env
-from cleanrl_embodied.shared.envs.chunks import ActionChunks
 
 __all__ = [
     "RunArgs",
@@ -213,11 +212,6 @@ def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: tor
         )
     except (TypeError, ValueError) as e:
         fail(f"{flags} / --env-id {args.env_id}: {e}")
-    if getattr(args, "action_chunk", 1) > 1:  # a step becomes a decision of --action-chunk actions
-        try:
-            envs = ActionChunks(envs, args.action_chunk, args.gamma)
-        except ValueError as e:
-            fail(str(e))
     for name in ("single_observation_space", "single_action_space") if like is not None else ():
         if getattr(envs, name) != getattr(like, name):
             fail(
@@ -244,21 +238,17 @@ def load_factory(spec: str, flag_name: str) -> Callable:
     return factory
 
 
-def _identity(action: torch.Tensor) -> torch.Tensor:
-    return action
-
-
-def build_policy(args: Any, envs, needs: Iterable[str]) -> torch.nn.Module:
-    """The module ``--policy module:factory`` builds: ``factory(single_observation_space, single_action_space,
-    args, **policy_kwargs)``; one line if it is not an ``nn.Module`` or lacks one of ``needs`` (the methods
-    and attributes the trainer uses)."""
-    spec = args.policy
+def build_policy(
+    spec: str, policy_kwargs: str, obs_space, act_space, args: Any, needs: Iterable[str]
+) -> torch.nn.Module:
+    """The module ``--policy module:factory`` builds: ``factory(obs_space, act_space, args, **policy_kwargs)``
+    (``policy_kwargs``: the JSON object of ``--policy-kwargs``; ``args``, the trainer's Args, is what the policy
+    contract hands a factory); one line if it is not an ``nn.Module`` or lacks one of ``needs`` (the methods and
+    attributes the trainer uses)."""
     factory = load_factory(spec, "policy")
-    module = factory(envs.single_observation_space, envs.single_action_space, args, **json.loads(args.policy_kwargs))
+    module = factory(obs_space, act_space, args, **json.loads(policy_kwargs))
     if not isinstance(module, torch.nn.Module):
         fail(f"--policy {spec}: the factory must return a torch.nn.Module, got {type(module).__name__}")
-    if not hasattr(module, "env_action"):  # a policy without one acts with its raw actions
-        module.env_action = _identity
     # every nn.Module has a `forward` attribute (one that raises): only a class's own counts as provided
     missing = [
         name

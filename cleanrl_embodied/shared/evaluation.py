@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from cleanrl_embodied.shared.envs.chunks import step_chunk
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, decode_instructions
 from cleanrl_embodied.shared.logging import RunLogger
 from cleanrl_embodied.shared.runtime import stream_seed
@@ -53,20 +54,20 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     done_count = torch.zeros(n, dtype=torch.long, device=device)
     sums, metric_sums, has_success = torch.zeros(3, device=device), {}, False
     task_sums = torch.zeros(2, len(task_names), device=device)  # episodes and successes per task
-    chunked = video_frames is not None and hasattr(env, "record_frames")  # ActionChunks: a frame per env step
-    if chunked:
-        env.record_frames, env.frames = True, []
     result_extra = {}
     if isinstance(obs, TensorDict) and INSTRUCTION_KEY in obs.keys():
         result_extra["instruction"] = decode_instructions(obs[INSTRUCTION_KEY][:1])[0]
     while bool((done_count < per_env).any()):
-        obs, _, _, _, info = env.step(act(obs, gen))
+        action, frames = act(obs, gen), [] if video_frames is not None and int(done_count[0]) == 0 else None
+        if action.dim() == 3:  # a chunk of K actions [N, K, D]: the env runs them one by one
+            obs, *_, info = step_chunk(env, action, frames)
+        else:
+            obs, _, _, _, info = env.step(action)
+            if frames is not None:
+                frames.append(env.render())
         has_success = has_success or "success" in info
-        if video_frames is not None and int(done_count[0]) == 0:
-            for frame in env.frames if chunked else [env.render()]:
-                video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
-            if chunked:
-                env.frames = []
+        for frame in frames or ():
+            video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)
         counted = info["_episode"] & (done_count < per_env)
         ep = info["episode"]
         sums += torch.stack([torch.where(counted, ep[k].float(), 0.0).sum() for k in ("r", "l", "success")])
@@ -78,8 +79,6 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
         for k, v in info.get("metrics", {}).items():
             metric_sums[k] = metric_sums.get(k, 0.0) + torch.where(counted, v.float(), 0.0).sum()
         done_count += info["_episode"].long()
-    if chunked:
-        env.record_frames, env.frames = False, []
     ret, length, success = (sums / (per_env * n)).tolist()
     result = {"episodic_return": ret, "episodic_length": length, "success_rate": success if has_success else None}
     result.update({k: float(v) / (per_env * n) for k, v in metric_sums.items()})

@@ -18,7 +18,6 @@ from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.tensordict_helpers import finite_rows
 
 __all__ = [
-    "COMPILE_PAYS_AFTER",
     "STREAMS",
     "NonFiniteWatch",
     "StopFlag",
@@ -58,14 +57,6 @@ def pick_device(cuda: bool) -> torch.device:
     return torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile. Measured on a 2-core CPU, one thread, side
-by side (benchmarks/update_vs.py, docs/benchmarks.md): compiling the update and the policy step costs about 9-12 s
-once per process and then saves about 0.8 ms per update on CleanRL's HalfCheetah settings (minibatches of 64) and
-about 1 ms on PushCubeRL's (640): it pays after roughly 8,000-15,000 updates. A 1M-step CleanRL run plans 156,000;
-PushCubeRL's default 2M-step run 12,500."""
-
-
 @functools.cache
 def _compile_works(device_type: str) -> str | None:
     """None if torch.compile builds and runs code for this device type here, else why not (one line)."""
@@ -76,16 +67,15 @@ def _compile_works(device_type: str) -> str | None:
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
-def compiler(setting: str, device: torch.device, updates: int, say: Callable[[str], None]) -> Callable:
-    """What ``--compile`` asks for, as a function that wraps the update's pure functions: ``torch.compile`` for
-    ``"on"``, and for ``"auto"`` when the run plans at least :data:`COMPILE_PAYS_AFTER` minibatch updates
-    (``updates``); else, or where compiling does not work on this machine (``say`` tells why, once), the identity:
-    the same functions run eager."""
-    if setting == "off" or (setting == "auto" and updates < COMPILE_PAYS_AFTER):
+def compiler(enabled: bool, device: torch.device, say: Callable[[str], None]) -> Callable:
+    """A function that wraps the update's pure functions: ``torch.compile`` when ``enabled`` (the trainer decides
+    from ``--compile`` and the run's size), else, or where compiling does not work on this machine (``say`` tells
+    why, once), the identity: the same functions run eager."""
+    if not enabled:
         return lambda fn: fn
     reason = _compile_works(device.type)
     if reason is not None:
-        say(f"warning: --compile {setting}: torch.compile does not work here ({reason}); the update runs eager")
+        say(f"warning: --compile: torch.compile does not work here ({reason}); the update runs eager")
         return lambda fn: fn
     return torch.compile
 

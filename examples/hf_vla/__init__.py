@@ -18,10 +18,11 @@ try:
 except ImportError as e:  # the trainers' --policy loader prints this as one line
     raise ImportError(f"examples.hf_vla needs the vla extra (uv sync --extra vla): {e}") from None
 
-from examples.hf_vla.policy import HFVLAPolicy, VLAConfig, load_backbone, make_policy, tiny_paligemma
+from examples.hf_vla.policy import Bins, HFVLAPolicy, VLAConfig, load_backbone, make_policy, tiny_paligemma
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
 __all__ = [
+    "Bins",
     "HFVLAPolicy",
     "PromptCache",
     "VLAConfig",

@@ -36,7 +36,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
-from cleanrl_embodied.shared.envs.chunks import ActionChunks
+from cleanrl_embodied.shared.envs.chunks import chunk_space
 from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.evaluation import evaluate
 from examples.hf_vla.policy import RUN_KWARGS, HFVLAPolicy, make_policy
@@ -156,9 +156,9 @@ def main(args: Args) -> dict:
         eval_env = make_env(args.env_id, num_envs=args.num_eval_envs, seed=args.seed + 10_000, **env_kwargs)
     except (TypeError, ValueError) as e:
         fail(f"--env-kwargs / --env-id {args.env_id}: {e}")
-    if args.action_chunk > 1:
-        eval_env = ActionChunks(eval_env, args.action_chunk, gamma=1.0)
     obs_space, act_space = eval_env.single_observation_space, eval_env.single_action_space
+    if args.action_chunk > 1:  # the policy emits chunks of K actions; evaluation runs them one by one
+        act_space = chunk_space(act_space, args.action_chunk)
     policy = make_policy(obs_space, act_space, args, **json.loads(args.policy_kwargs))
     obs, targets, valid = collect_demos(demo_env, args.demo_episodes, args.seed, args.action_chunk, args.demo_noise)
     collect_s = time.time() - start
