@@ -500,3 +500,23 @@ def test_demo_chunks_hold_the_expert_actions_of_the_same_episode():
     # max_episode_steps 5: the chunks of the 4th and 5th steps reach past their episode's end (truncated there)
     assert not v[4, :, 1:].any() and v[3, :, 1].all() and not v[3, :, 2].any() and v[2].all()
     assert v[5].all() and not v[9, :, 1:].any()  # the next episode's chunks are whole; the rollout ends at 10
+
+
+def test_bins_decode_to_centres_inside_the_bounds():
+    from examples.hf_vla.policy import decode_bins
+
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 10.0])
+    index = torch.tensor([[0.0, 0.0], [255.0, 255.0], [127.0, 128.0]])
+    values = decode_bins(index, low, high, 256)
+    assert (values > low).all() and (values < high).all()
+    assert torch.allclose(values[0], low + (high - low) / 512) and torch.allclose(values[1], high - (high - low) / 512)
+    logits = torch.randn(5, 4, 3, 7)
+    dist = Bins(logits)
+    assert torch.equal(dist.mode, logits.argmax(-1).float())
+    draws = dist.sample(generator=torch.Generator().manual_seed(0))
+    assert torch.equal(draws, dist.sample(generator=torch.Generator().manual_seed(0)))  # the generator's stream
+    assert ((draws >= 0) & (draws < 7)).all() and torch.equal(draws, draws.round())
+    expected = torch.log_softmax(logits, -1).gather(-1, draws.long().unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(dist.log_prob(draws), expected)
+    with pytest.raises(NotImplementedError):
+        dist.mean  # noqa: B018 - a categorical has no meaningful mean: evaluation uses the mode
