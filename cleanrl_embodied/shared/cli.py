@@ -34,30 +34,12 @@ __all__ = [
 
 @dataclass
 class RunArgs:
-    """The flags every trainer has: where a run goes and what it records, the envs, evaluation, checkpoints,
-    compilation and the policy hook. Each trainer's `Args` subclasses this and adds its algorithm's flags
-    (a field redefined there, e.g. `exp_name`, takes the trainer's default)."""
+    """The run-keeping flags every trainer has: where a run goes, the envs' options, evaluation, checkpoints,
+    compilation and the policy hook. Each trainer's `Args` subclasses this and declares the flags a reader of the
+    algorithm needs (experiment name, seed, device, tracking, env id, steps, and the algorithm's own)."""
 
-    exp_name: str = "run"
-    """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
-    track: bool = False
-    """log to Weights & Biases (synced with TensorBoard)"""
-    wandb_project_name: str = "cleanrl_embodied"
-    """the W&B project name"""
-    wandb_entity: str | None = None
-    """the W&B entity (team)"""
-    capture_video: bool = False
-    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
     output_dir: str = "runs"
     """root folder of run directories"""
-    env_id: str = "PushCubeRL"
-    """the environment id: PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
     env_kwargs: str = "{}"
     """JSON keyword arguments of the training envs, e.g. '{"push_friction_range": [0.5, 1.5]}'"""
     eval_env_kwargs: str = "{}"
@@ -85,8 +67,8 @@ class RunArgs:
     """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the update (loss, backward, gradient clipping, optimizer step) and the rollout's policy step;
-    auto: when the run is long enough for it to pay (shared/runtime.py COMPILE_PAYS_AFTER); eager where compiling
-    does not work here"""
+    auto: when the run plans enough minibatch updates for it to pay (the trainer's COMPILE_PAYS_AFTER); eager where
+    compiling does not work here"""
     policy: str | None = None
     """build the agent with this `module:factory` instead of the script's own network (docs/policies.md)"""
     policy_kwargs: str = "{}"
