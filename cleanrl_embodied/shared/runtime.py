@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import random
 import signal
 from collections.abc import Callable
@@ -67,12 +68,36 @@ def _compile_works(device_type: str) -> str | None:
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
+QUIET_COMPILE_WARNINGS = {
+    "torch.utils.cpp_extension": "No CUDA runtime is found",  # a CPU machine with a CUDA toolkit installed
+    "torch._dynamo.variables.ctx_manager": "Profiler record function",  # the optimizer step's profiler label
+}
+"""Warnings torch.compile logs on every first compilation that say nothing about the run: the logger and how the
+message starts. They are dropped, so that the console shows the run's own lines only."""
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+@functools.cache
+def _quiet_compile_warnings() -> None:
+    for name, start in QUIET_COMPILE_WARNINGS.items():
+        logging.getLogger(name).addFilter(_DropMessages(start))
+
+
 def compiler(enabled: bool, device: torch.device, say: Callable[[str], None]) -> Callable:
     """A function that wraps the update's pure functions: ``torch.compile`` when ``enabled`` (the trainer decides
     from ``--compile`` and the run's size), else, or where compiling does not work on this machine (``say`` tells
     why, once), the identity: the same functions run eager."""
     if not enabled:
         return lambda fn: fn
+    _quiet_compile_warnings()
     reason = _compile_works(device.type)
     if reason is not None:
         say(f"warning: --compile: torch.compile does not work here ({reason}); the update runs eager")
