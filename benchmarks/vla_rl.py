@@ -9,8 +9,8 @@ Per seed s, in `--runs-dir`:
 1. `bc_s<s>/`: `examples/hf_vla/bc.py --seed s --demo-noise 0.3` (the env runs the expert's action plus noise, the
    labels stay clean, so the demonstrations show recoveries; docs/VLA.md says why that matters for RL), bins 16,
    2000 steps: a start at 0.1-0.55 deterministic eval success (seeds 1-4);
-2. `grpo_s<s>/`: grpo.py from it with a 0/1 success reward, 16 groups of 8, `--advantage episode`, 512k env steps;
-3. `ppo_s<s>/`: ppo_continuous.py from it with the same reward, its value head on the VLA's hidden states, 512k;
+2. `grpo_s<s>/`: grpo_vla.py from it with a 0/1 success reward, 16 groups of 8, `--advantage episode`, 512k env steps;
+3. `ppo_s<s>/`: ppo_vla.py from it with the same reward, its value head on the VLA's hidden states, 512k;
 4. `final_eval_s<s>.json`: the start and both final policies evaluated on the same 512 episodes (`final_eval`): the
    gains the table reports are differences on identical starts and instructions.
 
@@ -103,9 +103,9 @@ def rl_command(args: Args, algo: str, seed: int) -> list[str]:
         "--output-dir", str(Path(args.runs_dir) / f"{algo}_s{seed}"), "--exp-name", algo,
     ]  # fmt: skip
     if algo == "grpo":
-        return [sys.executable, str(REPO / "cleanrl_embodied/grpo.py"), *common, "--group-size", "8",
+        return [sys.executable, str(REPO / "cleanrl_embodied/grpo_vla.py"), *common, "--group-size", "8",
                 "--advantage", "episode"] + ["--filter-groups"] * args.grpo_filter_groups  # fmt: skip
-    return [sys.executable, str(REPO / "cleanrl_embodied/ppo_continuous.py"), *common, "--num-steps", "50",
+    return [sys.executable, str(REPO / "cleanrl_embodied/ppo_vla.py"), *common, "--num-steps", "50",
             "--gamma", "0.99", "--gae-lambda", "0.95"]  # fmt: skip
 
 
@@ -166,7 +166,11 @@ def final_eval(args: Args, seed: int) -> dict:
     for name, path in checkpoints.items():
         policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(bc_dir))
         if path is not None:
-            load_model_state(policy, torch.load(path, map_location="cpu", weights_only=False), "checkpoint", str(path))
+            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
+                ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
+                sys.exit(f"error: {path}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
+            load_model_state(policy, ckpt, "checkpoint", str(path))
         with torch.no_grad():
             results[name] = evaluate_policy(policy.eval(), env, n, reset_seed)  # bc.py's: argmax bins
         print(f"seed {seed} {name}: success {results[name]['success_rate']:.3f} on {n} paired episodes")

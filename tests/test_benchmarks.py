@@ -603,3 +603,37 @@ def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(
     os.utime(grpo_run / "checkpoints/last.pt", ns=(1, 1))
     with pytest.raises(SystemExit, match="frozen weights"):
         vla_rl.final_eval(args, 1)
+
+
+class _RunsCode:
+    """A pickle that runs a shell command when it is loaded without weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, monkeypatch):
+    """A planted last.pt whose unpickling calls os.system is refused in one line and runs nothing."""
+    import torch
+
+    from cleanrl_embodied.shared.envs import make_env
+    from examples.hf_vla import make_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    vla_rl = importlib.import_module("vla_rl")
+    args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=2)
+    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.SPARSE)
+    flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
+    make_policy(env.single_observation_space, env.single_action_space, flags).save_pretrained(tmp_path / "bc_s1")
+    run = tmp_path / "ppo_s1" / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    marker = tmp_path / "code_ran"
+    torch.save({"model": _RunsCode(marker)}, run / "checkpoints/last.pt")
+    with pytest.raises(SystemExit) as e:
+        vla_rl.final_eval(args, 1)
+    assert str(e.value.code).startswith("error: ") and "not a readable checkpoint" in str(e.value.code)
+    assert "\n" not in str(e.value.code) and not marker.exists()
