@@ -577,7 +577,9 @@ class RolloutStats:
             success = torch.where(mine, ep["success"].float().unsqueeze(-1), 0.0)
             self.sums[4 : 4 + 2 * len(self.task_names)] += torch.cat([mine.float().sum(0), success.sum(0)])
 
-    def add_reward_terms(self, info: Mapping[str, Any]) -> None:
+    def add_reward_terms(self, info: Mapping[str, Any], steps: torch.Tensor | None = None) -> None:
+        """``steps``: [N] env steps each env ran for these terms (an action chunk's executed steps, whose terms
+        ``step_chunk`` sums); default one each. ``rewards/<term>`` stays a mean per env step either way."""
         rewards = info.get("rewards")
         if not rewards:
             return
@@ -586,7 +588,7 @@ class RolloutStats:
             self.terms = list(rewards)
             self.sums = torch.cat([self.sums, self.sums.new_zeros(len(self.terms))])
         self.sums[first:] += torch.stack([rewards[k].float().sum() for k in self.terms])
-        self.env_steps += next(iter(rewards.values())).numel()
+        self.env_steps = self.env_steps + (next(iter(rewards.values())).numel() if steps is None else steps.sum())
 
     def scalars(self) -> dict[str, torch.Tensor]:
         """CleanRL-named means (tensors: RunLogger.log fetches them with one transfer). One host sync (two with
@@ -603,7 +605,8 @@ class RolloutStats:
                     if finished > 0:
                         out[f"charts/success_rate/{self.task_names[i]}"] = successes[i] / finished
         first = 4 + 2 * len(self.task_names)
-        out.update({f"rewards/{k}": self.sums[first + i] / max(self.env_steps, 1) for i, k in enumerate(self.terms)})
+        env_steps = torch.as_tensor(self.env_steps, dtype=self.sums.dtype, device=self.sums.device).clamp_min(1)
+        out.update({f"rewards/{k}": self.sums[first + i] / env_steps for i, k in enumerate(self.terms)})
         return out
 
 
