@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.envs.chunks import step_chunk
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, decode_instructions
 from cleanrl_embodied.shared.logging import RunLogger
@@ -32,7 +33,9 @@ def evaluation_seed(seed: int, global_step: int) -> int:
 
 
 @torch.no_grad()
-def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | None = None) -> dict[str, Any]:
+def evaluate(
+    act: Act, env, num_episodes: int, seed: int, video_frames: list | None = None, max_decisions: int = 100_000
+) -> dict[str, Any]:
     """Run ``num_episodes`` episodes (each of the N eval envs contributes its first ceil(num_episodes / N)
     completed ones) and average return, length, success and the env's ``info["metrics"]``.
 
@@ -43,6 +46,8 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     step's frame with action chunks). ``success_rate`` is None for envs without a success signal; envs with
     several tasks (``metadata["task_names"]``) add ``success_rate/<task>`` over the episodes of each task, and
     envs whose observations hold an instruction report the first env's first one as ``instruction``.
+    An evaluation whose episodes have not all ended after ``max_decisions`` steps (an env without a time limit)
+    stops with one line instead of running forever.
     """
     obs, _ = env.reset(seed=seed)
     device = obs.device
@@ -57,7 +62,15 @@ def evaluate(act: Act, env, num_episodes: int, seed: int, video_frames: list | N
     result_extra = {}
     if isinstance(obs, TensorDict) and INSTRUCTION_KEY in obs.keys():
         result_extra["instruction"] = decode_instructions(obs[INSTRUCTION_KEY][:1])[0]
+    decisions = 0
     while bool((done_count < per_env).any()):
+        if decisions == max_decisions:
+            fail(
+                f"evaluation: {int((done_count < per_env).sum())} of {n} eval envs did not finish their episodes "
+                f"within {max_decisions} steps; give the env a time limit (e.g. --env-kwargs "
+                "'{\"max_episode_steps\": 1000}', which the eval envs inherit)"
+            )
+        decisions += 1
         action, frames = act(obs, gen), [] if video_frames is not None and int(done_count[0]) == 0 else None
         if action.dim() == 3:  # a chunk of K actions [N, K, D]: the env runs them one by one
             obs, *_, info = step_chunk(env, action, frames)
