@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from cleanrl_embodied import grpo, ppo_async, ppo_ddp
+from cleanrl_embodied import grpo, ppo_ddp
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared.cli import RunArgs, build_env, env_kwargs_for
 from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS
@@ -30,8 +31,13 @@ RANDOMIZED = {
 }
 
 
-def run_args(env_kwargs: dict, eval_env_kwargs: dict) -> RunArgs:
-    return RunArgs(env_kwargs=json.dumps(env_kwargs), eval_env_kwargs=json.dumps(eval_env_kwargs))
+@dataclass
+class EnvArgs(RunArgs):
+    env_id: str = "PushCubeRL"
+
+
+def run_args(env_kwargs: dict, eval_env_kwargs: dict, env_id: str = "PushCubeRL") -> EnvArgs:
+    return EnvArgs(env_kwargs=json.dumps(env_kwargs), eval_env_kwargs=json.dumps(eval_env_kwargs), env_id=env_id)
 
 
 def test_eval_kwargs_inherit_the_training_kwargs_and_override_only_what_they_name():
@@ -95,6 +101,14 @@ def test_a_bad_inherited_key_names_the_flag_that_carried_it(tmp_path):
     assert str(e.value.code).startswith("error: --eval-env-kwargs / --env-id PushCubeRL")
 
 
+def test_an_env_the_trainers_cannot_serve_is_blamed_on_the_env_id_when_no_kwargs_were_given():
+    for kwargs_flag in ("eval_env_kwargs", "env_kwargs"):
+        with pytest.raises(SystemExit) as e:
+            build_env(run_args({}, {}, env_id="CartPole-v1"), kwargs_flag, 2, 0, torch.device("cpu"))
+        message = str(e.value.code)
+        assert message.startswith("error: --env-id CartPole-v1: ") and "Discrete" in message, message
+
+
 TINY = dict(
     num_envs=4,
     num_steps=8,
@@ -110,10 +124,10 @@ TINY = dict(
 )
 
 
-@pytest.mark.parametrize("module", [ppo, ppo_async, ppo_ddp, grpo], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", [ppo, ppo_ddp, grpo], ids=lambda m: m.__name__.split(".")[-1])
 def test_env_kwargs_alone_configure_the_eval_envs_in_every_trainer(tmp_path, module):
     """`--env-kwargs` alone changes the observation space (pixels; GRPO's built-in actor takes no images, so an
-    action space there) and the episode limit, and every trainer trains and evaluates on those envs."""
+    action space there) and the episode limit, and every classic trainer trains and evaluates on those envs."""
     if module is grpo:
         config = dict(TINY, group_size=2, num_steps=None, total_timesteps=4 * 10)
         env_kwargs = {"action_mode": "ee_delta_pos", "max_episode_steps": 10}

@@ -192,8 +192,8 @@ def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: tor
         envs = make_env(
             args.env_id, num_envs=num_envs, device=device, seed=seed, vectorization=args.env_vectorization, **kwargs
         )
-    except (TypeError, ValueError) as e:
-        fail(f"{flags} / --env-id {args.env_id}: {e}")
+    except (TypeError, ValueError) as e:  # the kwargs are named only where there are some to blame
+        fail(f"{flags} / --env-id {args.env_id}: {e}" if kwargs else f"--env-id {args.env_id}: {e}")
     for name in ("single_observation_space", "single_action_space") if like is not None else ():
         if getattr(envs, name) != getattr(like, name):
             fail(
