@@ -16,7 +16,8 @@ gymnasium-robotics' goal-conditioned envs), for code paths that flatten dict obs
 
 ``PointReachPixels-v0``: the same task seen as ``{"position", "pixels"}``: ``pixels`` is a uint8 ``[3, 36, 36]``
 image of the square ``[-1, 1]^2`` (``dim`` 2 only) with the point in the red channel and the target in the
-green one, so the target is known from the image alone; for the image observation paths.
+green one, so the target is known from the image alone; for the image observation paths. ``channels_last=True``
+gives it as ``[36, 36, 3]``, Gymnasium's usual pixel layout.
 
 Keyword arguments (``gym.make(..., **kwargs)``, ``make_env(..., **kwargs)``, ``--env-kwargs '{...}'``), so that
 other tests can inject faults:
@@ -68,6 +69,7 @@ class PointReach(gym.Env):
         dim: int = 2,
         dict_obs: bool = False,
         pixels: bool = False,
+        channels_last: bool = False,
         nan_obs_at_step: int | None = None,
         raise_at_step: int | None = None,
         success_radius: float = 0.1,
@@ -95,7 +97,7 @@ class PointReach(gym.Env):
         self.reward_terms = bool(reward_terms)
         self.fixed_target = None if fixed_target is None else np.asarray(fixed_target, dtype=np.float64)
         self.dim, self.dict_obs, self.success_radius = int(dim), bool(dict_obs), float(success_radius)
-        self.pixels = bool(pixels)
+        self.pixels, self.channels_last = bool(pixels), bool(channels_last)
         self.nan_obs_at_step, self.raise_at_step = nan_obs_at_step, raise_at_step
         self.terminate_at_step, self.nan_final_obs = terminate_at_step, bool(nan_final_obs)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dim,), np.float32)
@@ -106,7 +108,7 @@ class PointReach(gym.Env):
             else gym.spaces.Box(-np.inf, np.inf, (2 * self.dim,), np.float32)
         )
         if self.pixels:
-            image = gym.spaces.Box(0, 255, (3, PIXELS, PIXELS), np.uint8)
+            image = gym.spaces.Box(0, 255, (PIXELS, PIXELS, 3) if self.channels_last else (3, PIXELS, PIXELS), np.uint8)
             self.observation_space = gym.spaces.Dict({"position": box, "pixels": image})
         self.steps_taken = 0  # over the env's life, for nan_obs_at_step / raise_at_step
 
@@ -120,7 +122,7 @@ class PointReach(gym.Env):
             for channel, (x, y) in ((0, self.position[:2]), (1, self.target[:2])):
                 col, row = (int(np.clip((v + 1) / 2 * PIXELS, 0, PIXELS - 1)) for v in (x, y))
                 image[channel, max(row - 2, 0) : row + 3, max(col - 2, 0) : col + 3] = 255
-            return {"position": position, "pixels": image}
+            return {"position": position, "pixels": image.transpose(1, 2, 0) if self.channels_last else image}
         return {"position": position, "offset": offset} if self.dict_obs else np.concatenate([position, offset])
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

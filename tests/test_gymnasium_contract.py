@@ -250,3 +250,26 @@ def test_info_conversion_keeps_a_passed_on_dict_whole_and_drops_what_is_not_nume
     assert out["rewards"]["reach"].dtype == torch.float32 and out["rewards"]["reach"].tolist() == [1.0, 2.0]
     assert out["count"].dtype == torch.int32
     assert set(numeric_info_to_torch(info, torch.from_numpy)) == {"rewards", "x_position", "count"}
+
+
+def test_channels_last_images_of_a_gymnasium_env_come_channels_first():
+    """A Gymnasium pixel env's [H, W, 3] images reach the trainers as the contract's [3, H, W], the same pixels as an
+    env that gives them channels-first (not read as a 36-channel image)."""
+    from cleanrl_embodied.shared import make_env
+
+    pixels_id = "tests.envs_for_tests:PointReachPixels-v0"
+    last = make_env(pixels_id, num_envs=3, seed=0, channels_last=True)
+    first = make_env(pixels_id, num_envs=3, seed=0)
+    assert (
+        last.single_observation_space["pixels"].shape == (3, 36, 36) == first.single_observation_space["pixels"].shape
+    )
+    a, _ = last.reset(seed=0)
+    b, _ = first.reset(seed=0)
+    assert a["pixels"].dtype == torch.uint8 and torch.equal(a["pixels"], b["pixels"]) and a["pixels"].any()
+    action = torch.full((3, 2), 0.5)
+    for _ in range(3):
+        a, *_, info_a = last.step(action)
+        b, *_, info_b = first.step(action)
+        assert torch.equal(a["pixels"], b["pixels"]) and torch.equal(
+            info_a["final_obs"]["pixels"], info_b["final_obs"]["pixels"]
+        )

@@ -238,11 +238,15 @@ class RenderFirstEnv(VectorWrapper):
 
 def _float32_space(space: gym.Space, top: bool = True) -> gym.Space:
     """The same Box / nested Dict of Boxes with float32 dtype (the contract's observation dtype); images (uint8
-    [C, H, W] leaves of a Dict) stay uint8; a ``Text`` entry of a Dict becomes instruction tokens
-    (``shared.language``: byte ids and attention mask)."""
+    [C, H, W] leaves of a Dict) stay uint8, channels-last ones ([H, W, C], Gymnasium's pixel layout) become
+    channels-first; a ``Text`` entry of a Dict becomes instruction tokens (``shared.language``: byte ids and
+    attention mask)."""
     if isinstance(space, gym.spaces.Dict):
         return gym.spaces.Dict(
-            [(key, sub if is_image(sub) else _float32_space(sub, top=False)) for key, sub in space.spaces.items()]
+            [
+                (key, channels_first(sub) if is_image(sub) else _float32_space(sub, top=False))
+                for key, sub in space.spaces.items()
+            ]
         )  # keep order
     if isinstance(space, gym.spaces.Text) and not top:
         return text_to_instruction_space(space)
@@ -253,6 +257,15 @@ def _float32_space(space: gym.Space, top: bool = True) -> gym.Space:
     raise ValueError(
         f"observation space {space} is not supported: expected a Box or a nested Dict of Boxes (and Text entries)"
     )
+
+
+def channels_first(space: gym.spaces.Box) -> gym.spaces.Box:
+    """An image space as the contract has it, [C, H, W]: a channels-last one ([H, W, C] with C of 1, 3 or 4 and H
+    not: Gymnasium's pixel layout) transposed, any other as it is."""
+    height, width, channels = space.shape
+    if channels not in (1, 3, 4) or height in (1, 3, 4):
+        return space
+    return gym.spaces.Box(space.low.transpose(2, 0, 1), space.high.transpose(2, 0, 1), dtype=space.dtype)
 
 
 @iterate.register(gym.spaces.Text)
@@ -460,10 +473,12 @@ class GymnasiumToTorch(RenderFirstEnv):
                 out[key] = self._obs_dict_to_torch(value, space[key])
             elif not isinstance(value, np.ndarray) or value.dtype.kind in "USO":  # Text: the batch of strings
                 out[key] = encode_instructions(list(value), space[key]["input_ids"].shape[0], self.device)
-            else:  # images stay uint8
-                out[key] = self._tensor(
-                    np.array(value, dtype=np.uint8 if value.dtype == np.uint8 and value.ndim == 4 else np.float32)
-                )
+            elif value.dtype == np.uint8 and value.ndim == 4:  # images stay uint8, channels first
+                if value.shape[1:] != space[key].shape:  # a channels-last image [N, H, W, C]
+                    value = value.transpose(0, 3, 1, 2)
+                out[key] = self._tensor(np.ascontiguousarray(value))
+            else:
+                out[key] = self._tensor(np.array(value, dtype=np.float32))
         return out
 
     def _passes(self, key: str) -> bool:
