@@ -2,14 +2,14 @@
 
     uv run python benchmarks/async_speed.py                          # ~20 min on a 2-core CPU
     uv run python benchmarks/async_speed.py --latencies 0 100 --seeds 1 --total-timesteps 100000
-    uv run python benchmarks/async_speed.py --extra="--hidden-sizes 512 512 512"   # a heavier update
+    uv run python benchmarks/async_speed.py --hidden-sizes 512 512 512   # a heavier update
 
 For every seed and every latency L in `--latencies`, one after the other in this invocation (threads pinned),
-both trainers act through the policy hook with `benchmarks/slow_policy.py` (their own network plus L ms of
+both VLA trainers act through the policy hook with `benchmarks/slow_policy.py` (an MLP policy plus L ms of
 sleep in every rollout inference call: `--policy slow_policy:make_agent --policy-kwargs '{"latency_ms": L}'`):
 
-- sync:  `cleanrl_embodied/ppo_continuous.py`: collect a rollout, then update on it;
-- async: `cleanrl_embodied/ppo_async.py --max-staleness 1`: the collector steps rollout j+1 while the learner
+- sync:  `cleanrl_embodied/ppo_vla.py`: collect a rollout, then update on it;
+- async: `cleanrl_embodied/ppo_vla_async.py --max-staleness 1`: the collector steps rollout j+1 while the learner
   updates on rollout j.
 
 Both run the same hyperparameters (the scripts' defaults, `--eval-freq 0 --save-freq 0`, `--extra` added to both)
@@ -54,13 +54,15 @@ from benchlib import (
     write_section,
 )
 
-MODES = {"sync": ("ppo_continuous", []), "async": ("ppo_async", ["--max-staleness", "1"])}
+MODES = {"sync": ("ppo_vla", []), "async": ("ppo_vla_async", ["--max-staleness", "1"])}
 
 
 @dataclass
 class Args:
     latencies: tuple[float, ...] = (0.0, 5.0, 20.0, 100.0)
     """latencies (ms added to every inference call of the rollout, by benchmarks/slow_policy.py)"""
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    """hidden layer sizes of slow_policy's actor and critic MLPs"""
     seeds: int = 3
     """seeds 1..N of each (mode, latency)"""
     total_timesteps: int = 200_000
@@ -91,7 +93,7 @@ def run_one(mode: str, latency: float, seed: int, args: Args, root: Path) -> dic
         "--policy",
         "slow_policy:make_agent",
         "--policy-kwargs",
-        json.dumps({"latency_ms": latency}),
+        json.dumps({"latency_ms": latency, "hidden_sizes": list(args.hidden_sizes)}),
         "--seed",
         str(seed),
         "--cuda" if args.cuda else "--no-cuda",
@@ -156,14 +158,15 @@ def report(data: dict, image: str) -> str:
     ]
     lines = [
         f"PushCubeRL, {data['total_timesteps']:,} env steps per run, {data['seeds']} seed(s), the scripts' "
-        f"defaults{' plus `' + data['extra'] + '`' if data['extra'] else ''}; "
+        f"defaults{' plus `' + data['extra'] + '`' if data['extra'] else ''}, a policy MLP of "
+        f"{data.get('hidden_sizes', [128, 128])}; "
         f"{data['total_wall_s'] / 60:.1f} min in all, finished {data['finished']}.",
         "",
         f"- command: `{data['invocation']}`",
         f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
         f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}; git {data['git']['git_sha']}",
-        "- sync = `ppo_continuous.py`, async = `ppo_async.py --max-staleness 1`, same flags otherwise; mean ± std "
+        "- sync = `ppo_vla.py`, async = `ppo_vla_async.py --max-staleness 1`, same flags otherwise; mean ± std "
         "over seeds; wall time is the training loop's (start-up excluded, final eval included).",
         "",
         f"![sync vs async]({image})",
@@ -214,7 +217,7 @@ def plot(data: dict, path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     ax1.legend()
     fig.suptitle(
-        f"PushCubeRL, {data['total_timesteps']:,} steps: ppo_continuous (sync) vs ppo_async, {data['seeds']} seeds",
+        f"PushCubeRL, {data['total_timesteps']:,} steps: ppo_vla (sync) vs ppo_vla_async, {data['seeds']} seeds",
         fontsize=10,
     )
     fig.tight_layout()
@@ -234,6 +237,7 @@ def main(args: Args) -> None:
         "seeds": args.seeds,
         "total_timesteps": args.total_timesteps,
         "extra": args.extra,
+        "hidden_sizes": list(args.hidden_sizes),
         "machine": machine_info(),
         "versions": package_versions(),
         "git": git_info(),

@@ -3,26 +3,17 @@
     uv run python cleanrl_embodied/grpo.py --env-id PushCubeRL
     uv run python cleanrl_embodied/grpo.py --env-id Pendulum-v1 --num-envs 64 --group-size 8 --gamma 0.99
 
-Every iteration resets the envs with `reset(options={"group_size": G})`, so each group of G consecutive envs
-starts from one identical state, and rolls out one horizon. Instead of a critic, the advantage of a step is
-its discounted return-to-go compared with its group's members still in their first episode at that time step:
-(R - their mean) / (the group's std pooled over the horizon + eps). The update is PPO's clipped surrogate, an
-entropy bonus and an optional k3 KL penalty to a frozen reference policy.
-
-Training metrics describe each env's first episode within the horizon (what is learnt from): `charts/success_rate`
-is the share of *all* envs whose first episode succeeded within the horizon (one still running at the end is no
-success; below the episode limit, long episodes are not left out), `grpo/finished_frac` the share whose first
-episode ended, `charts/episodic_return` / `_length` the means over the first episodes that ended.
-
-Read top to bottom: `Args`, the `Actor`, the pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
-`episode_advantages`, `grpo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile
-wraps unchanged (`--compile`: by default where the run is long enough for it to pay), then `main`. Flag checks,
-checkpoint loading, evaluation and Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm
-is all here.
+Every iteration resets the envs with `reset(options={"group_size": G})`, so each group of G consecutive envs starts
+from one identical state, and rolls out one horizon. Instead of a critic, a step's advantage compares its discounted
+return-to-go with those of its group's members still in their first episode (`--advantage episode`: each member's
+first-episode return with its group's). The update is PPO's clipped surrogate, an entropy bonus and a k3 KL penalty
+to a frozen reference policy. Training metrics describe each env's first episode within the horizon. Token-bin heads,
+action chunks, micro-batches and autocast are grpo_vla.py's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -35,52 +26,61 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
-    frozen_fingerprint,
     load_checkpoint,
     load_model_state,
     load_optimizer,
     load_start,
-    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
 )
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.language import VOCAB_SIZE
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
-    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, micro_batches, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import image_spaces, state_dim, state_vector, token_spaces
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy
     exp_name: str = "grpo"
     """the name of this experiment (part of the run directory name)"""
-    num_envs: int = 256
-    """number of parallel training environments (a multiple of --group-size)"""
-    eval_freq: int = 10
-    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
-
-    # Algorithm
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    env_id: str = "PushCubeRL"
+    """the environment id: PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
     total_timesteps: int = 1_000_000
     """total environment steps (summed over envs, masked steps included)"""
+    num_envs: int = 256
+    """number of parallel training environments (a multiple of --group-size)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -94,10 +94,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     truncate_at_first_done: bool = True
     """mask out each env's data after its first done (terminated | truncated)"""
     advantage: Literal["step", "episode"] = "step"
-    """step: each step's discounted return-to-go against the group members still alive at that step; episode:
-    each member's undiscounted first-episode return against its whole group's, given to all of its steps
-    (GRPO's outcome supervision; for 0/1 success rewards, where an early success leaves the failures' later
-    steps nobody alive to be compared with: docs/grpo.md, "Step or episode advantages")"""
+    """step: each step's return-to-go vs its group's alive members'; episode: undiscounted first-episode returns"""
     scale_adv: bool = True
     """divide by the group std and average the loss over alive samples (``--no-scale-adv``: Dr. GRPO, neither)"""
     adv_eps: float = 1e-4
@@ -122,30 +119,18 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """hidden layer sizes of the actor MLP"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
-    action_head: Literal["gaussian", "bins"] = "gaussian"
-    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
-    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
-    action_bins: int = 256
-    """bins per action entry (--action-head bins)"""
-    action_chunk: int = 1
-    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
     filter_groups: bool = False
-    """leave out of the update the groups whose members all got the same returns (no learning signal; DAPO's
-    dynamic sampling without its resampling, RIPT-VLA's filtering); `grpo/kept_group_frac` logs the share kept.
-    Off by default: it did not help on PushCubeLangRL (docs/grpo.md, "Group filtering")"""
-    micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
-    autocast: Literal["none", "bf16"] = "none"
-    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
+    """leave the groups whose members' returns all tie out of the update (`grpo/kept_group_frac`: the share kept)"""
+    eval_freq: int = 10
+    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
-                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma",
-                  "clip_coef", "max_grad_norm", "target_kl"),
+        positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
+                  "adv_eps", "gamma", "clip_coef", "max_grad_norm", "target_kl"),
         non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
         finite=("init_logstd",),
@@ -156,6 +141,22 @@ def validate(args: Args) -> None:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
     if args.advantage == "episode" and not args.truncate_at_first_done:
         fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
+
+
+VLA_ONLY = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none", "fsdp": False}
+"""Flags the trainers had before the VLA trainers split off (issue 37), with the one value they may have here."""
+
+
+def refuse_vla_checkpoint(ckpt: dict | None, flag_name: str, path: str | None) -> None:
+    """One line for a checkpoint of the old grpo.py (or, as --ref-checkpoint, of a PPO trainer) written with one of
+    the `VLA_ONLY` flags (token bins, action chunks, micro-batches, autocast, FSDP): grpo_vla.py trains those now."""
+    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY.items() if ckpt and ckpt["args"].get(k, ok) != ok]
+    if used:
+        fail(
+            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
+            "grpo_vla.py has since the VLA trainers split off (issue 37): train such a policy with grpo_vla.py, or "
+            "use this checkpoint with the version that wrote it"
+        )
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -172,94 +173,128 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
+def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+MIN_IMAGE_SIZE = 36
+"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
+
+
+def needs_encoder(space: gym.Space) -> bool:
+    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
+    return bool(image_spaces(space) or token_spaces(space))
+
+
+class InstructionEncoder(nn.Module):
+    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
+    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
+    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+
+    def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+
+    def forward(self, tokens: TensorDict) -> torch.Tensor:
+        x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
+        keep = tokens["attention_mask"].unsqueeze(1) > 0
+        return self.out(torch.where(keep, x, -torch.inf).amax(-1).clamp_min(0.0))  # (an empty one gives zeros)
+
+
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
+    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
+    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
+    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
+    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
+    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
+    those of a 36-pixel image.
+
+    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
+    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
+    over the batch and two of three seeds never learned RGB PushCubeRL."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+            self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
+            height, width = height + pad_h, width + pad_w
+            convs = nn.Sequential(
+                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(
+                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+            )
+        self.text_keys = list(token_spaces(obs_space))
+        self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [
+            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
+            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+        ]
+        texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
+        return torch.cat([*images, *texts, state], -1)
+
+
 class Actor(nn.Module):
-    """The PPO trainers' actor without their critic and observation normalizer (parameter names match their Agent's,
-    so a PPO checkpoint serves as the reference): an MLP on the float observation (images and instructions first go
-    through the shared `PixelEncoder`), a Gaussian with a state-independent log-std or a categorical over bins per
-    action entry, over one action [D] or a chunk [K, D]."""
+    """The PPO Agent's Gaussian actor (its parameter names, so a PPO checkpoint serves as the reference), without its
+    critic and observation normalizer: images and instructions go through a `PixelEncoder` first."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
         features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
-        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
-        act_dim = math.prod(self.action_shape)
-        if self.bins:  # one categorical per action entry; the raw action is the bin index
-            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
-            low, high = bin_bounds(act_space, self.bins)
-            self.register_buffer("action_low", low)
-            self.register_buffer("action_high", high)
-        else:
-            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+        self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
+        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
         state = state_vector(obs)  # a plain observation tensor as it is
-        features = state if self.encoder is None else self.encoder(obs, state)
-        if self.bins:
-            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
-        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+        mean = self.actor_mean(state if self.encoder is None else self.encoder(obs, state))
         std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
         shape = (-1, *self.action_shape)
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
-
-
-ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
-
-
-def make_agent(envs, args: Args) -> nn.Module:
-    """The built-in `Actor`, or the module that `--policy module:factory` builds from the spaces and args. Its
-    `dist(obs)` is a per-entry distribution: `log_prob(action)` summed over the action's entries is the action's."""
-    if args.policy is None:
-        return Actor(envs.single_observation_space, envs.single_action_space, args)
-    return build_policy(args, envs, needs=("dist",))
-
 
 def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
-    action's entries, a chunk's too) and the action the env gets."""
+    """Sample an action (unclipped: the env clips) and its log-prob."""
     dist = actor.dist(obs)
     action = dist.sample()
-    return TensorDict(
-        action=action,
-        logprob=dist.log_prob(action).flatten(1).sum(-1),
-        env_action=actor.env_action(action),
-        batch_size=obs.shape[:1],
-    )
+    return TensorDict(action=action, logprob=dist.log_prob(action).flatten(1).sum(-1), batch_size=obs.shape[:1])
 
 
 def eval_action(actor: Actor, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator."""
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
     dist = actor.dist(obs)
-    return actor.env_action(dist.mode if deterministic else sample(dist, generator))
+    if deterministic:
+        return dist.mean
+    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
 
 
-def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
-    """Discounted returns-to-go over a [T, N] rollout of decisions; they restart after every done (no bootstrap).
-    `gamma`: a float, or [T, N] where a decision ran k env steps (an action chunk: gamma^k)."""
-    discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted returns-to-go over a [T, N] rollout; they restart after every done (no bootstrap)."""
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        running = rewards[t] + discounts[t] * torch.where(dones[t], 0.0, running)
+        running = rewards[t] + gamma * torch.where(dones[t], 0.0, running)
         returns[t] = running
     return returns
-
-
-def episode_advantages(
-    rewards: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
-) -> tuple[torch.Tensor, TensorDict]:
-    """Outcome-level group advantages: each member's undiscounted return over its first episode (`mask` [T, N])
-    against its whole group's, as `group_advantages` compares one cell; every step of the episode gets it."""
-    returns = torch.where(mask, rewards, 0.0).sum(0, keepdim=True)  # [1, N]
-    adv, stats = group_advantages(returns, torch.ones_like(mask[:1]), group_size, scale, eps)
-    return torch.where(mask, adv, 0.0), stats
 
 
 def first_episode_mask(dones: torch.Tensor) -> torch.Tensor:
@@ -271,15 +306,12 @@ def first_episode_mask(dones: torch.Tensor) -> torch.Tensor:
 def group_advantages(
     returns: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
 ) -> tuple[torch.Tensor, TensorDict]:
-    """Group-relative advantages per time step over the alive members of each group.
+    """Group-relative advantages per time step over the alive members (`mask`) of each group of consecutive envs.
 
-    returns, mask: [T, N], N = num_groups * group_size (consecutive envs form a group). A cell (time step,
-    group) with two or more alive members (mask True) and unequal returns centres them on their mean; with
-    `scale` it divides by (the group's pooled std + eps): squared deviations summed over those cells, over
-    the sum of their (alive - 1). One scale per group keeps a gap's size: with two members left late in the
-    horizon, a per-cell std would make any gap (1e-3 or 3) +-0.707. Other cells and masked entries get 0,
-    never NaN. Statistics: zero_adv_group_frac (share of cells with an alive member that got 0),
-    mean_group_std (mean pooled std over groups with a non-zero cell).
+    A cell (time step, group) with two or more alive members and unequal returns centres them on their mean; with
+    `scale` it divides by (the group's std pooled over its cells + eps), which keeps a gap's size (a per-cell std
+    would make any gap between the last two members +-0.707). Other cells and masked entries get 0, never NaN.
+    Statistics: zero_adv_group_frac (share of cells with an alive member that got 0), mean_group_std.
     """
     T, N = returns.shape
     alive = mask.reshape(T, N // group_size, group_size)
@@ -302,22 +334,29 @@ def group_advantages(
     )
 
 
-def grpo_loss(
-    actor: Actor, mb: TensorDict, args: Args, denominator: torch.Tensor | int | None = None
+def episode_advantages(
+    rewards: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
 ) -> tuple[torch.Tensor, TensorDict]:
-    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics).
+    """Outcome-level group advantages: each member's undiscounted return over its first episode (`mask` [T, N])
+    against its whole group's, as `group_advantages` compares one cell; every step of the episode gets it."""
+    returns = torch.where(mask, rewards, 0.0).sum(0, keepdim=True)  # [1, N]
+    adv, stats = group_advantages(returns, torch.ones_like(mask[:1]), group_size, scale, eps)
+    return torch.where(mask, adv, 0.0), stats
 
-    GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch
-    size, a constant. ``denominator``: what the sum is divided by when ``mb`` is a piece of a minibatch (that of
-    the whole minibatch, so the pieces' losses add up to its loss). Masks select with torch.where before anything
-    can overflow: a masked sample has ratio 1 and gradient 0 (multiplying by the mask turns an overflowed ratio
-    into NaN). Statistics: means over ``mb``'s alive samples.
-    """
+
+def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] bool: the envs of the groups where some member got a non-zero advantage (whose returns differ)."""
+    T, N = advantages.shape
+    return (advantages != 0).reshape(T, N // group_size, group_size).any(0).any(-1).repeat_interleave(group_size)
+
+
+def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics: means over
+    the alive samples). GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the
+    minibatch size. Masks select with torch.where: a masked sample has ratio 1 and gradient 0, never NaN."""
     alive = mb["mask"]
     n_alive = alive.sum().clamp_min(1)
-    if denominator is None:
-        denominator = n_alive if args.scale_adv else alive.numel()
-    total = lambda x: torch.where(alive, x, 0.0).sum()
+    total = lambda x: torch.where(alive, x, 0.0).sum()  # noqa: E731
     dist = actor.dist(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
@@ -326,36 +365,18 @@ def grpo_loss(
     pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
     entropy = total(dist.entropy().flatten(1).sum(-1))
     # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
-    # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi) (the forward
-    # KL). Only exp() can overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper
-    # than the reference (log r << 0) keeps its full gradient back toward it.
+    # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi). Only exp() can
+    # overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper than the reference
+    # (log r << 0) keeps its full gradient back toward it.
     ref_logratio = torch.where(alive, mb["ref_logprob"] - newlogprob, 0.0).clamp(max=20.0)
     kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
-    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / denominator
+    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
     with torch.no_grad():
-        stats = (
-            TensorDict(
-                policy_loss=pg,
-                entropy=entropy,
-                kl_ref=kl_ref,
-                old_approx_kl=total(-logratio),
-                approx_kl=total((ratio - 1) - logratio),
-                clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
-            )
-            / n_alive
-        ).detach()
-    return loss, stats
-
-
-def backward_piece(
-    actor: Actor, piece: TensorDict, args: Args, denominator: torch.Tensor | int, share: torch.Tensor
-) -> tuple[torch.Tensor, TensorDict]:
-    """GRPO's loss on a piece of a minibatch (its sum over the whole minibatch's `denominator`, so that the pieces'
-    losses and gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the loss
-    and the statistics times `share` (the piece's share of the minibatch's alive samples), detached."""
-    loss, stats = grpo_loss(actor, piece, args, denominator)
-    loss.backward()
-    return loss.detach(), stats * share
+        stats = TensorDict(
+            policy_loss=pg, entropy=entropy, kl_ref=kl_ref, old_approx_kl=total(-logratio),
+            approx_kl=total((ratio - 1) - logratio), clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
+        )  # fmt: skip
+    return loss, (stats / n_alive).detach()
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -363,119 +384,72 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
-    whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
-    T, N = advantages.shape
-    nonzero = (advantages != 0).reshape(T, N // group_size, group_size)
-    return nonzero.any(0).any(-1).repeat_interleave(group_size)
-
-
 def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
-    seed = stream_seed(args.seed, "group_resets", iteration)
     try:
-        return envs.reset(seed=seed, options={"group_size": args.group_size})
+        return envs.reset(
+            seed=stream_seed(args.seed, "group_resets", iteration), options={"group_size": args.group_size}
+        )
     except ValueError as e:
         fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
-def save_checkpoints(
-    paths: list,
-    args: Args,
-    actor: nn.Module,
-    ref_actor: nn.Module | None,
-    frozen: str,
-    optimizer,
-    envs,
-    evaluator: Evaluator,
-    iteration: int,
-    global_step: int,
-    num_iterations: int,
-) -> None:
-    """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
-    trained = model_state(actor)  # the reference's entries that may differ from the frozen weights: the same keys
-    state = {
-        "script": "grpo",
-        "args": dataclasses.asdict(args),
-        "model": trained,  # trainable parameters and buffers
-        "frozen": frozen,
-        "ref_model": None if ref_actor is None else {k: ref_actor.state_dict()[k] for k in trained},  # None: own
-        "optimizer": optimizer.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "num_iterations": num_iterations,
-        "best_key": list(evaluator.best_key),
-        "obs_dim": flat_dim(envs.single_observation_space),
-        "act_dim": int(np.prod(envs.single_action_space.shape)),
-        "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
-        "rng": rng_state(),
-        "env_state": env_state_dict(envs),
-    }
-    for path in paths:
-        atomic_save(state, path)
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
+1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
 
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs", *ACTION_ARGS)
-    ckpt, ckpt_flag = load_start(
-        args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr")
-    )
+    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")  # the network and what it sees
+    ckpt, ckpt_flag = load_start(args, ["grpo"], same, ("num_envs", "group_size", "learning_rate", "anneal_lr"))
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
-    ref_ckpt = (
-        load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) if args.ref_checkpoint else None
-    )
-    if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
+    ref_ckpt = args.ref_checkpoint and load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same)
+    refuse_vla_checkpoint(ckpt, ckpt_flag, getattr(args, ckpt_flag))
+    refuse_vla_checkpoint(ref_ckpt, "ref_checkpoint", args.ref_checkpoint)
+    if ref_ckpt and ref_ckpt["args"].get("norm_obs"):
         fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
     obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
-    actor = make_agent(eval_envs, args).to(device)
-    own_reference = hasattr(actor, "reference_dist")  # a policy that keeps its reference (e.g. LoRA adapters off)
-    if own_reference and args.ref_checkpoint:
-        fail(
-            f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point the "
-            "policy at the reference weights instead (e.g. its model_path)"
-        )
-    if ref_ckpt is not None:  # the policy starts from the reference too (a PPO trainer's critic is dropped)
+    spaces = (eval_envs.single_observation_space, eval_envs.single_action_space)
+    if args.policy is None:
+        actor = Actor(*spaces, args).to(device)
+    else:  # its `dist(obs)` is a Gaussian per action entry; it may keep its own KL reference (`reference_dist`)
+        actor = build_policy(args.policy, args.policy_kwargs, *spaces, args, needs=("dist",)).to(device)
+    if hasattr(actor, "reference_dist") and args.ref_checkpoint:
+        fail(f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point the "
+             "policy at the reference weights instead (e.g. its model_path)")  # fmt: skip
+    if ref_ckpt:  # the policy starts from the reference too (a PPO trainer's critic is dropped)
         mine = {k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()}
         load_model_state(actor, {**ref_ckpt, "model": mine}, "ref_checkpoint", args.ref_checkpoint)
-    # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy; a frozen copy, unless
-    # the policy provides its own
-    ref_actor = None if own_reference else make_agent(eval_envs, args).to(device)
-    if ref_actor is not None:
-        resumed_ref = args.resume and ref_ckpt is None and ckpt["ref_model"] is not None
-        ref_actor.load_state_dict(ckpt["ref_model"] if resumed_ref else actor.state_dict(), strict=False)
-        ref_actor.requires_grad_(False)
+    # the KL reference: a frozen copy of the initial policy (or --ref-checkpoint's, or the resumed run's)
+    ref_actor = None if hasattr(actor, "reference_dist") else copy.deepcopy(actor).requires_grad_(False)
+    if ref_actor is not None and args.resume and not ref_ckpt:
+        ref_actor.load_state_dict(ckpt["ref_model"], strict=False)  # (older checkpoints: trained entries only)
     if ckpt is not None:
         load_model_state(actor, ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    frozen = frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
     reference = actor.reference_dist if ref_actor is None else ref_actor.dist
     act = partial(eval_action, actor, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
-        logger = RunLogger("grpo", args)
-        return Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video).run_checkpoint(
-            act, ckpt, args.eval_checkpoint
-        )
+        evaluator = Evaluator(eval_envs, RunLogger("grpo", args), args.seed, args.num_eval_episodes, args.capture_video)
+        return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
     envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
         load_env_state_dict(envs, ckpt["env_state"])
     next_obs, start_info = group_reset(envs, args, start_iteration)  # first: can the env give groups one start?
-    episode_steps = (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
-        envs.unwrapped, "max_episode_steps", None
-    )
-    horizon = args.num_steps or (episode_steps and -(-episode_steps // args.action_chunk))  # in decisions
+    episode_steps = envs.spec.max_episode_steps if envs.spec is not None else None
+    horizon = args.num_steps or episode_steps or getattr(envs.unwrapped, "max_episode_steps", None)
     if not horizon:
         fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
     batch_size = args.num_envs * horizon
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
-    num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
+    num_iterations = max(1, args.total_timesteps // batch_size)
     if start_iteration > num_iterations:
         fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
     params = [p for p in actor.parameters() if p.requires_grad]
@@ -494,28 +468,32 @@ def main(args: Args) -> dict:
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
+    compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compiled = compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
     policy = compiled(policy_step)
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
-    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
+    loss_fn, clip_fn, step_fn = compiled(grpo_loss), compiled(clip_gradients), compiled(optimizer.step)
+
+    def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
+        state = dict(
+            script="grpo", args=dataclasses.asdict(args), model=actor.state_dict(),
+            ref_model=None if ref_actor is None else ref_actor.state_dict(),  # None: the policy's own reference
+            optimizer=optimizer.state_dict(), iteration=iteration, global_step=global_step,
+            num_iterations=num_iterations, best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,
+            env=env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
+            rng=rng_state(), env_state=env_state_dict(envs),
+        )  # fmt: skip
+        return str(atomic_save(state, logger.checkpoint_dir / name))
 
     storage = rollout_storage(
-        horizon,
-        args.num_envs,
-        device,
-        obs=envs.single_observation_space,
-        action=(envs.single_action_space.shape, torch.float32),
-        logprob=((), torch.float32),
-        reward=((), torch.float32),
-        discount=((), torch.float32),
-        done=((), torch.bool),
-    )  # TensorDict observations are stored as they come, uint8 images as uint8
+        horizon, args.num_envs, device,
+        obs=envs.single_observation_space,  # TensorDict observations as they come, uint8 images as uint8
+        action=(envs.single_action_space.shape, torch.float32), logprob=((), torch.float32),
+        reward=((), torch.float32), done=((), torch.bool),
+    )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
-    minibatch_size = batch_size // args.num_minibatches
-    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
-    iteration, eval_result = start_iteration - 1, None
+    iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -533,14 +511,12 @@ def main(args: Args) -> dict:
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(horizon):
-                    with amp():
-                        out = policy(actor, next_obs)
+                    out = policy(actor, next_obs)
                     storage["obs"][step] = next_obs
                     storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
-                    done = terminated | truncated
-                    storage["reward"][step], storage["done"][step] = reward, done
-                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
+                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
+                    storage["reward"][step] = reward
+                    storage["done"][step] = done = terminated | truncated
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
                         watch.update_final(step, info["final_obs"], done)
@@ -549,30 +525,22 @@ def main(args: Args) -> dict:
                         success |= counted & (info["episode"]["success"] > 0)
                         alive &= ~done
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])  # obs[0]: the group starts
-            watch.check(global_step, args.num_envs * args.action_chunk, where=f"{args.env_id} ")  # envs and step
-            global_step += batch_size * args.action_chunk  # env steps (a decision runs --action-chunk of them)
+            watch.check(global_step, args.num_envs, where=f"{args.env_id} ")  # one line naming envs and step
+            global_step += batch_size
 
             # ---- group-relative advantages (critic-free) ----
             with torch.no_grad():
-                mask = (
-                    first_episode_mask(storage["done"])
-                    if args.truncate_at_first_done
-                    else torch.ones_like(storage["done"])
-                )
-                returns = (
-                    returns_to_go(storage["reward"], storage["done"], storage["discount"])
-                    if args.advantage == "step"
-                    else storage["reward"]  # episode_advantages sums them over each first episode
-                )
+                rewards, dones = storage["reward"], storage["done"]
+                mask = first_episode_mask(dones) if args.truncate_at_first_done else torch.ones_like(dones)
+                # --advantage episode: episode_advantages sums the rewards over each first episode
+                returns = returns_to_go(rewards, dones, args.gamma) if args.advantage == "step" else rewards
                 advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
                 kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
                 if args.filter_groups:  # the others leave the update (and its averages) altogether
                     mask = mask & kept
                 batch = storage.select("obs", "action", "logprob").reshape(-1)
                 batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
-                with amp():
-                    ref_dist = reference(batch["obs"])
-                batch["ref_logprob"] = ref_dist.log_prob(batch["action"]).flatten(1).sum(-1)
+                batch["ref_logprob"] = reference(batch["obs"]).log_prob(batch["action"]).flatten(1).sum(-1)
 
             # ---- PPO-clip update over the masked samples ----
             update_stats = []  # statistics of the applied minibatch steps, averaged for logging
@@ -580,17 +548,11 @@ def main(args: Args) -> dict:
             for _epoch in range(args.update_epochs if learn else 0):
                 epoch_kl = []
                 for idx in torch.randperm(batch_size, device=device).view(args.num_minibatches, -1):
-                    mb = batch[idx]
-                    n_alive = mb["mask"].sum().clamp_min(1)
-                    denominator = n_alive if args.scale_adv else len(mb)  # of the whole minibatch
+                    loss, stats = loss_fn(actor, batch[idx], args)
                     optimizer.zero_grad(set_to_none=True)
-                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
-                        with amp():
-                            out = backward_fn(actor, piece, args, denominator, piece["mask"].sum() / n_alive)
-                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
+                    loss.backward()
                     grad_norm = clip_fn(params, args.max_grad_norm)
-                    if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
+                    if not guard.ok(loss.detach(), grad_norm, global_step):  # many in a row stop the run
                         continue
                     step_fn()
                     epoch_kl.append(stats["approx_kl"])
@@ -602,18 +564,11 @@ def main(args: Args) -> dict:
             sps = (global_step - start_step) / (time.time() - start_time)
             means = torch.stack(update_stats).mean(0).items() if update_stats else ()
             scalars = {("grpo/" if k == "kl_ref" else "losses/") + k: v for k, v in means}
-            scalars.update(
-                {
-                    "charts/SPS": sps,
-                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                    "charts/skipped_updates": guard.skipped,
-                    "grpo/mask_frac": mask.float().mean(),
-                    "grpo/kept_group_frac": kept.float().mean(),
-                    "grpo/finished_frac": (~alive).float().mean(),
-                    **rollout_stats.scalars(),
-                    **{f"grpo/{k}": v for k, v in adv_stats.items()},
-                }
-            )
+            lr = optimizer.param_groups[0]["lr"]
+            scalars.update({"charts/SPS": sps, "charts/learning_rate": lr, "charts/skipped_updates": guard.skipped})
+            scalars.update({"grpo/mask_frac": mask.float().mean(), "grpo/kept_group_frac": kept.float().mean()})
+            scalars.update({"grpo/finished_frac": (~alive).float().mean(), **rollout_stats.scalars()})
+            scalars.update({f"grpo/{k}": v for k, v in adv_stats.items()})
             if rollout_stats.has_success:  # every env counts: its first episode succeeded within the horizon or not
                 scalars["charts/success_rate"] = success.float().mean()
                 for task, name in enumerate(task_names or ()):  # the envs that started on each task
@@ -621,43 +576,28 @@ def main(args: Args) -> dict:
                     if bool(on_task.any()):
                         scalars[f"charts/success_rate/{name}"] = (success & on_task).sum() / on_task.sum()
             logger.log(scalars, global_step)
-            logger.progress(
-                global_step,
-                SPS=sps,
-                ret=logger.latest.get("charts/episodic_return"),
-                succ=logger.latest.get("charts/success_rate"),
-            )
+            ret, succ = logger.latest.get("charts/episodic_return"), logger.latest.get("charts/success_rate")
+            logger.progress(global_step, SPS=sps, ret=ret, succ=succ)
 
-            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes); the last
-            # iteration evaluates (unless stopped) and writes last.pt
-            stopping = stop.requested
-            last = stopping or iteration == num_iterations
-            names = ["last.pt"] if last else []
-            if (args.eval_freq and iteration >= next_eval) or (last and not stopping):
+            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
+            if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
                 next_eval = iteration + args.eval_freq
                 eval_result, is_best = evaluator.run(act, global_step)
-                names += ["best.pt"] * is_best
+                if is_best:
+                    save_checkpoint("best.pt")
             if args.save_freq and iteration >= next_save:
                 next_save = iteration + args.save_freq
-                names += ["last.pt", f"iter_{iteration:06d}.pt"]
-            if names:  # assembling a checkpoint copies the env state to the host: only when one is written
-                save_checkpoints(
-                    [logger.checkpoint_dir / n for n in dict.fromkeys(names)],
-                    args,
-                    actor,
-                    ref_actor,
-                    frozen,
-                    optimizer,
-                    envs,
-                    evaluator,
-                    iteration,
-                    global_step,
-                    num_iterations,
-                )
-            if stopping:
+                checkpoint = save_checkpoint("last.pt")
+                save_checkpoint(f"iter_{iteration:06d}.pt")
+            if stop.requested:
                 break
 
-    checkpoint = str(logger.checkpoint_dir / "last.pt")
+    checkpoint = save_checkpoint("last.pt")
+    if not stop.requested:
+        eval_result, is_best = evaluator.run(act, global_step)
+        if is_best:
+            save_checkpoint("best.pt")
+            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
     wall = time.time() - start_time
     logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
     envs.close()

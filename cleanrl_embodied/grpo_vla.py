@@ -1,49 +1,52 @@
-"""GRPO (Group Relative Policy Optimization) for continuous control, critic-free, in one file.
+"""GRPO (Group Relative Policy Optimization) for fine-tuning vision-language-action (VLA) policies, in one file.
 
-    uv run python cleanrl_embodied/grpo.py --env-id PushCubeRL
-    uv run python cleanrl_embodied/grpo.py --env-id Pendulum-v1 --num-envs 64 --group-size 8 --gamma 0.99
+    uv run python cleanrl_embodied/grpo_vla.py --env-id PushCubeLangRL \
+        --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}' \
+        --policy examples.hf_vla:make_policy --policy-kwargs '{"model_path": "runs/vla_bc"}' \
+        --action-head bins --action-bins 16 --action-chunk 4 --micro-batch-size 32 --kl-coef 0.02
+
+As in TorchRL's sota-implementations/vla_grpo, the trainer is this file and the model is one module, built by
+`--policy module:factory` (default: examples/hf_vla, PaliGemma with LoRA adapters) from the observation space, the
+action space of one decision and these Args (the factory reads --action-head and --action-bins). The module
+provides `dist(obs)` over the raw action (e.g. bin indices), `env_action(raw action)` (what the env gets) and
+`reference_dist(obs)`, the policy the k3 KL penalty keeps it near (examples/hf_vla: its adapters off, heads as
+built), so no second copy of the model is kept. With `--action-chunk K > 1` a decision is a chunk of K actions
+([K, D]) that the envs run one by one (`step_chunk`); `--micro-batch-size` bounds every forward pass (rollout,
+evaluation, the reference's log-probs, and the update's, whose gradients add up over the pieces); `--autocast bf16`
+runs them under bf16 autocast. Checkpoints hold what trains (adapters, heads) and a fingerprint of the frozen rest.
 
 Every iteration resets the envs with `reset(options={"group_size": G})`, so each group of G consecutive envs
-starts from one identical state, and rolls out one horizon. Instead of a critic, the advantage of a step is
-its discounted return-to-go compared with its group's members still in their first episode at that time step:
-(R - their mean) / (the group's std pooled over the horizon + eps). The update is PPO's clipped surrogate, an
-entropy bonus and an optional k3 KL penalty to a frozen reference policy.
+starts from one identical state, and rolls out one horizon of decisions. Instead of a critic, a decision's
+advantage compares its discounted return-to-go with those of its group's members still in their first episode at
+that decision (or, with `--advantage episode`, each member's undiscounted first-episode return with its group's:
+the sum of the rewards of the steps its decisions ran, whatever the chunk they fell in). The update is PPO's
+clipped surrogate, an entropy bonus and the k3 KL penalty. Training metrics describe each env's first episode within
+the horizon: `charts/success_rate` is the share of *all* envs whose first episode succeeded within the horizon.
 
-Training metrics describe each env's first episode within the horizon (what is learnt from): `charts/success_rate`
-is the share of *all* envs whose first episode succeeded within the horizon (one still running at the end is no
-success; below the episode limit, long episodes are not left out), `grpo/finished_frac` the share whose first
-episode ended, `charts/episodic_return` / `_length` the means over the first episodes that ended.
-
-Read top to bottom: `Args`, the `Actor`, the pure functions (`policy_step`, `returns_to_go`, `group_advantages`,
-`episode_advantages`, `grpo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile
-wraps unchanged (`--compile`: by default where the run is long enough for it to pay), then `main`. Flag checks,
-checkpoint loading, evaluation and Ctrl-C/SIGTERM are shared plumbing (`cleanrl_embodied.shared`); the algorithm
-is all here.
+Read top to bottom: `Args`; the pure functions (`policy_step`, `sample_with`, `eval_action`,
+`decision_returns_to_go`, `group_advantages`, `episode_advantages`, `grpo_loss`, `backward_piece`,
+`clip_gradients`), which torch.compile wraps unchanged (`--compile`); then `main` with the training loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-import gymnasium as gym
-import numpy as np
 import torch
 import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
     frozen_fingerprint,
-    load_checkpoint,
     load_model_state,
     load_optimizer,
     load_start,
@@ -53,8 +56,8 @@ from cleanrl_embodied.shared.checkpoints import (
     set_rng_state,
 )
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
+from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
@@ -66,38 +69,52 @@ from cleanrl_embodied.shared.runtime import (
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, micro_batches, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import micro_batches
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
-    exp_name: str = "grpo"
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+    exp_name: str = "grpo_vla"
     """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    env_id: str = "PushCubeRL"
+    """the environment id: PushCubeRL, PushCubeLangRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
+    total_timesteps: int = 1_000_000
+    """total environment steps (summed over envs, masked steps included; a chunk of K actions counts K)"""
     num_envs: int = 256
     """number of parallel training environments (a multiple of --group-size)"""
-    eval_freq: int = 10
-    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
 
     # Algorithm
-    total_timesteps: int = 1_000_000
-    """total environment steps (summed over envs, masked steps included)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
     """linearly anneal the learning rate to 0 over training"""
     num_steps: int | None = None
-    """rollout horizon per env per iteration; default: the env's max episode steps (50 for PushCubeRL)"""
+    """rollout horizon per env per iteration, in decisions; default: the env's max episode steps (50 for
+    PushCubeRL) over --action-chunk, rounded up"""
     group_size: int = 8
     """G: rollouts per group that start from the same state (>= 2, divides --num-envs)"""
     gamma: float = 0.9
-    """discount factor of the step-wise returns-to-go"""
+    """discount factor per env step of the step-wise returns-to-go (a chunk's steps are discounted inside it)"""
     truncate_at_first_done: bool = True
     """mask out each env's data after its first done (terminated | truncated)"""
     advantage: Literal["step", "episode"] = "step"
-    """step: each step's discounted return-to-go against the group members still alive at that step; episode:
-    each member's undiscounted first-episode return against its whole group's, given to all of its steps
-    (GRPO's outcome supervision; for 0/1 success rewards, where an early success leaves the failures' later
-    steps nobody alive to be compared with: docs/grpo.md, "Step or episode advantages")"""
+    """step: each decision's discounted return-to-go against the group members still alive at that decision;
+    episode: each member's undiscounted first-episode return against its whole group's, on all of its decisions
+    (GRPO's outcome supervision, for 0/1 success rewards: docs/grpo.md, "Step or episode advantages")"""
     scale_adv: bool = True
     """divide by the group std and average the loss over alive samples (``--no-scale-adv``: Dr. GRPO, neither)"""
     adv_eps: float = 1e-4
@@ -111,46 +128,45 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
     kl_coef: float = 0.0
-    """coefficient of the k3 KL penalty to the frozen reference policy (0: logged only)"""
-    ref_checkpoint: str | None = None
-    """reference policy (and initial policy) from a grpo or PPO-trainer checkpoint; default: the initial policy"""
+    """coefficient of the k3 KL penalty to the policy's `reference_dist` (0: logged only)"""
     max_grad_norm: float = 0.5
     """global gradient-norm clipping"""
     target_kl: float | None = 0.1
     """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
-    hidden_sizes: tuple[int, ...] = (128, 128)
-    """hidden layer sizes of the actor MLP"""
-    init_logstd: float = -0.5
-    """initial log standard deviation of the Gaussian policy"""
+    filter_groups: bool = False
+    """leave out of the update the groups whose members all got the same returns (DAPO's dynamic sampling without
+    its resampling); `grpo/kept_group_frac` logs the share kept (docs/grpo.md, "Group filtering")"""
+    eval_freq: int = 10
+    """evaluate every this many iterations on fresh starts (0: only the final evaluation)"""
+
+    # The policy (passed to the --policy factory through these Args) and its memory
+    policy: str = "examples.hf_vla:make_policy"
+    """the `module:factory` that builds the policy (docs/policies.md, docs/VLA.md)"""
     action_head: Literal["gaussian", "bins"] = "gaussian"
-    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
-    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
+    """the policy's action distribution: a Gaussian per action entry, or a categorical over --action-bins bins per
+    entry (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
     action_bins: int = 256
     """bins per action entry (--action-head bins)"""
     action_chunk: int = 1
     """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
-    filter_groups: bool = False
-    """leave out of the update the groups whose members all got the same returns (no learning signal; DAPO's
-    dynamic sampling without its resampling, RIPT-VLA's filtering); `grpo/kept_group_frac` logs the share kept.
-    Off by default: it did not help on PushCubeLangRL (docs/grpo.md, "Group filtering")"""
     micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
+    """the most samples of any forward pass: minibatches are split into pieces whose gradients add up, rollout,
+    reference and evaluation batches into pieces (None: no split)"""
     autocast: Literal["none", "bf16"] = "none"
-    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
+    """run the policy's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
-                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma",
-                  "clip_coef", "max_grad_norm", "target_kl"),
+        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
+                  "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma", "clip_coef",
+                  "max_grad_norm", "target_kl"),
         non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
-        finite=("init_logstd",),
         may_be_inf=("max_grad_norm",),  # no clipping
-        files=("ref_checkpoint",),
+        sizes=(),
     )  # fmt: skip
     if args.group_size < 2 or args.num_envs % args.group_size:
         fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
@@ -158,71 +174,43 @@ def validate(args: Args) -> None:
         fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
+and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
 
-
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
-    layers, last = [], in_dim
-    for h in hidden_sizes:
-        layers += [layer_init(nn.Linear(last, h)), nn.Tanh()]
-        last = h
-    return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
-
-
-class Actor(nn.Module):
-    """The PPO trainers' actor without their critic and observation normalizer (parameter names match their Agent's,
-    so a PPO checkpoint serves as the reference): an MLP on the float observation (images and instructions first go
-    through the shared `PixelEncoder`), a Gaussian with a state-independent log-std or a categorical over bins per
-    action entry, over one action [D] or a chunk [K, D]."""
-
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
-        super().__init__()
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
-        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
-        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
-        act_dim = math.prod(self.action_shape)
-        if self.bins:  # one categorical per action entry; the raw action is the bin index
-            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
-            low, high = bin_bounds(act_space, self.bins)
-            self.register_buffer("action_low", low)
-            self.register_buffer("action_high", high)
-        else:
-            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
-
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
-        state = state_vector(obs)  # a plain observation tensor as it is
-        features = state if self.encoder is None else self.encoder(obs, state)
-        if self.bins:
-            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
-        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
-        std = self.actor_logstd.expand_as(mean).exp()
-        # validate_args=False: the argument check would cost a host sync on every call
-        shape = (-1, *self.action_shape)
-        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
-
-    def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
-
-
-ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
+ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
 def make_agent(envs, args: Args) -> nn.Module:
-    """The built-in `Actor`, or the module that `--policy module:factory` builds from the spaces and args. Its
-    `dist(obs)` is a per-entry distribution: `log_prob(action)` summed over the action's entries is the action's."""
-    if args.policy is None:
-        return Actor(envs.single_observation_space, envs.single_action_space, args)
-    return build_policy(args, envs, needs=("dist",))
+    """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
+    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
+    if args.action_chunk > 1 and not supports_partial_reset(envs):
+        fail(
+            f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
+            "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
+            "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
+        )
+    needs = ("dist", "env_action", "reference_dist")
+    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+                        args, needs)  # fmt: skip
 
 
-def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
-    action's entries, a chunk's too) and the action the env gets."""
+def action_space(envs, args: Args):
+    """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
+    space = envs.single_action_space
+    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+
+
+def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
+    """`fn(obs)` computed on pieces of at most `size` rows and joined (--micro-batch-size bounds every forward)."""
+    if obs.shape[0] <= size:
+        return fn(obs)
+    return torch.cat([fn(piece) for piece in obs.split(size)])
+
+
+def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
+    """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
+    (summed over the action's entries) and the action the env gets."""
     dist = actor.dist(obs)
     action = dist.sample()
     return TensorDict(
@@ -233,33 +221,42 @@ def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
     )
 
 
-def eval_action(actor: Actor, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator."""
-    dist = actor.dist(obs)
-    return actor.env_action(dist.mode if deterministic else sample(dist, generator))
+def reference_logprob(actor: nn.Module, mb: TensorDict) -> torch.Tensor:
+    """The log-prob of each sample's action under the policy's KL reference (summed over the action's entries)."""
+    return actor.reference_dist(mb["obs"]).log_prob(mb["action"]).flatten(1).sum(-1)
 
 
-def returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
+def sample_with(dist: torch.distributions.Distribution, generator: torch.Generator) -> torch.Tensor:
+    """A draw from `dist` with `generator` (the evaluator's or a collector's own stream) instead of torch's global
+    one: a Gaussian as mean + stddev * noise, any other distribution by its own `sample(generator=...)` (the VLA's
+    bins)."""
+    if isinstance(dist, torch.distributions.Normal):
+        return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+    return dist.sample(generator=generator)
+
+
+def eval_action(
+    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+) -> torch.Tensor:
+    """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+
+    def act(piece):
+        dist = agent.dist(piece)
+        return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+
+    return in_pieces(act, obs, size)
+
+
+def decision_returns_to_go(rewards: torch.Tensor, dones: torch.Tensor, discounts: torch.Tensor) -> torch.Tensor:
     """Discounted returns-to-go over a [T, N] rollout of decisions; they restart after every done (no bootstrap).
-    `gamma`: a float, or [T, N] where a decision ran k env steps (an action chunk: gamma^k)."""
-    discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+    `discounts` [T, N]: what the return after decision t is discounted by, gamma^(env steps it ran)."""
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         running = rewards[t] + discounts[t] * torch.where(dones[t], 0.0, running)
         returns[t] = running
     return returns
-
-
-def episode_advantages(
-    rewards: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
-) -> tuple[torch.Tensor, TensorDict]:
-    """Outcome-level group advantages: each member's undiscounted return over its first episode (`mask` [T, N])
-    against its whole group's, as `group_advantages` compares one cell; every step of the episode gets it."""
-    returns = torch.where(mask, rewards, 0.0).sum(0, keepdim=True)  # [1, N]
-    adv, stats = group_advantages(returns, torch.ones_like(mask[:1]), group_size, scale, eps)
-    return torch.where(mask, adv, 0.0), stats
 
 
 def first_episode_mask(dones: torch.Tensor) -> torch.Tensor:
@@ -302,22 +299,35 @@ def group_advantages(
     )
 
 
-def grpo_loss(
-    actor: Actor, mb: TensorDict, args: Args, denominator: torch.Tensor | int | None = None
+def episode_advantages(
+    rewards: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
 ) -> tuple[torch.Tensor, TensorDict]:
+    """Outcome-level group advantages: each member's undiscounted return over its first episode (`mask` [T, N])
+    against its whole group's, as `group_advantages` compares one cell; every step of the episode gets it."""
+    returns = torch.where(mask, rewards, 0.0).sum(0, keepdim=True)  # [1, N]
+    adv, stats = group_advantages(returns, torch.ones_like(mask[:1]), group_size, scale, eps)
+    return torch.where(mask, adv, 0.0), stats
+
+
+def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
+    whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
+    T, N = advantages.shape
+    nonzero = (advantages != 0).reshape(T, N // group_size, group_size)
+    return nonzero.any(0).any(-1).repeat_interleave(group_size)
+
+
+def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics).
 
-    GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch
-    size, a constant. ``denominator``: what the sum is divided by when ``mb`` is a piece of a minibatch (that of
-    the whole minibatch, so the pieces' losses add up to its loss). Masks select with torch.where before anything
-    can overflow: a masked sample has ratio 1 and gradient 0 (multiplying by the mask turns an overflowed ratio
-    into NaN). Statistics: means over ``mb``'s alive samples.
+    GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch size,
+    a constant. Masks select with torch.where before anything can overflow: a masked sample has ratio 1 and
+    gradient 0 (multiplying by the mask turns an overflowed ratio into NaN). Statistics: means over the alive
+    samples.
     """
     alive = mb["mask"]
     n_alive = alive.sum().clamp_min(1)
-    if denominator is None:
-        denominator = n_alive if args.scale_adv else alive.numel()
-    total = lambda x: torch.where(alive, x, 0.0).sum()
+    total = lambda x: torch.where(alive, x, 0.0).sum()  # noqa: E731
     dist = actor.dist(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
@@ -331,29 +341,30 @@ def grpo_loss(
     # than the reference (log r << 0) keeps its full gradient back toward it.
     ref_logratio = torch.where(alive, mb["ref_logprob"] - newlogprob, 0.0).clamp(max=20.0)
     kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
-    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / denominator
+    loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
     with torch.no_grad():
-        stats = (
-            TensorDict(
-                policy_loss=pg,
-                entropy=entropy,
-                kl_ref=kl_ref,
-                old_approx_kl=total(-logratio),
-                approx_kl=total((ratio - 1) - logratio),
-                clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
-            )
-            / n_alive
-        ).detach()
-    return loss, stats
+        stats = TensorDict(
+            policy_loss=pg,
+            entropy=entropy,
+            kl_ref=kl_ref,
+            old_approx_kl=total(-logratio),
+            approx_kl=total((ratio - 1) - logratio),
+            clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
+        )
+    return loss, (stats / n_alive).detach()
 
 
 def backward_piece(
-    actor: Actor, piece: TensorDict, args: Args, denominator: torch.Tensor | int, share: torch.Tensor
+    actor: nn.Module, piece: TensorDict, args: Args, mb_alive: torch.Tensor, mb_size: int
 ) -> tuple[torch.Tensor, TensorDict]:
-    """GRPO's loss on a piece of a minibatch (its sum over the whole minibatch's `denominator`, so that the pieces'
-    losses and gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the loss
-    and the statistics times `share` (the piece's share of the minibatch's alive samples), detached."""
-    loss, stats = grpo_loss(actor, piece, args, denominator)
+    """GRPO's loss on a piece of a minibatch, rescaled to its share of the minibatch's (its alive samples over the
+    minibatch's `mb_alive`; under Dr. GRPO its size over `mb_size`), so that the pieces' losses and gradients add
+    up to the minibatch's, backpropagated into the parameters' `.grad`; returns the loss and the statistics times the
+    piece's share of the alive samples (summed over the pieces they are the minibatch's), detached."""
+    loss, stats = grpo_loss(actor, piece, args)
+    alive = piece["mask"].sum()
+    share = alive.clamp_min(1) / mb_alive.clamp_min(1)  # a piece with none alive has a zero loss and statistics
+    loss = loss * (share if args.scale_adv else len(piece) / mb_size)
     loss.backward()
     return loss.detach(), stats * share
 
@@ -361,14 +372,6 @@ def backward_piece(
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
     return nn.utils.clip_grad_norm_(params, max_norm)
-
-
-def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
-    whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
-    T, N = advantages.shape
-    nonzero = (advantages != 0).reshape(T, N // group_size, group_size)
-    return nonzero.any(0).any(-1).repeat_interleave(group_size)
 
 
 def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
@@ -380,86 +383,29 @@ def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
         fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
-def save_checkpoints(
-    paths: list,
-    args: Args,
-    actor: nn.Module,
-    ref_actor: nn.Module | None,
-    frozen: str,
-    optimizer,
-    envs,
-    evaluator: Evaluator,
-    iteration: int,
-    global_step: int,
-    num_iterations: int,
-) -> None:
-    """Everything a resume needs, as plain tensors and numbers (iteration: the completed ones)."""
-    trained = model_state(actor)  # the reference's entries that may differ from the frozen weights: the same keys
-    state = {
-        "script": "grpo",
-        "args": dataclasses.asdict(args),
-        "model": trained,  # trainable parameters and buffers
-        "frozen": frozen,
-        "ref_model": None if ref_actor is None else {k: ref_actor.state_dict()[k] for k in trained},  # None: own
-        "optimizer": optimizer.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "num_iterations": num_iterations,
-        "best_key": list(evaluator.best_key),
-        "obs_dim": flat_dim(envs.single_observation_space),
-        "act_dim": int(np.prod(envs.single_action_space.shape)),
-        "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
-        "rng": rng_state(),
-        "env_state": env_state_dict(envs),
-    }
-    for path in paths:
-        atomic_save(state, path)
-
-
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs", *ACTION_ARGS)
-    ckpt, ckpt_flag = load_start(
-        args, ["grpo"], same, resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr")
+    ckpt, ckpt_flag = load_start(  # it must match the policy and what it sees; on --resume also the env
+        args,
+        ["grpo_vla"],
+        same=("env_id", "policy", "policy_kwargs", *ACTION_ARGS),
+        resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr"),  # env state, the LR schedule's base
     )
-    ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
-    ref_ckpt = (
-        load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same) if args.ref_checkpoint else None
-    )
-    if ref_ckpt is not None and ref_ckpt["args"].get("norm_obs"):
-        fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
+    piece = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
+    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
     actor = make_agent(eval_envs, args).to(device)
-    own_reference = hasattr(actor, "reference_dist")  # a policy that keeps its reference (e.g. LoRA adapters off)
-    if own_reference and args.ref_checkpoint:
-        fail(
-            f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point the "
-            "policy at the reference weights instead (e.g. its model_path)"
-        )
-    if ref_ckpt is not None:  # the policy starts from the reference too (a PPO trainer's critic is dropped)
-        mine = {k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()}
-        load_model_state(actor, {**ref_ckpt, "model": mine}, "ref_checkpoint", args.ref_checkpoint)
-    # reference: --ref-checkpoint, else the resumed run's reference, else the initial policy; a frozen copy, unless
-    # the policy provides its own
-    ref_actor = None if own_reference else make_agent(eval_envs, args).to(device)
-    if ref_actor is not None:
-        resumed_ref = args.resume and ref_ckpt is None and ckpt["ref_model"] is not None
-        ref_actor.load_state_dict(ckpt["ref_model"] if resumed_ref else actor.state_dict(), strict=False)
-        ref_actor.requires_grad_(False)
     if ckpt is not None:
         load_model_state(actor, ckpt, ckpt_flag, getattr(args, ckpt_flag))
     frozen = frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
-    reference = actor.reference_dist if ref_actor is None else ref_actor.dist
-    act = partial(eval_action, actor, deterministic=args.eval_deterministic)
+    act = partial(eval_action, actor, deterministic=args.eval_deterministic, size=piece)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
-        logger = RunLogger("grpo", args)
-        return Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video).run_checkpoint(
-            act, ckpt, args.eval_checkpoint
-        )
+        logger = RunLogger("grpo_vla", args)
+        evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
     envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
@@ -475,13 +421,14 @@ def main(args: Args) -> dict:
     batch_size = args.num_envs * horizon
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
+    minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
     if start_iteration > num_iterations:
         fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
-    params = [p for p in actor.parameters() if p.requires_grad]
+    params = [p for p in actor.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
+    logger = RunLogger("grpo_vla", args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
@@ -494,28 +441,50 @@ def main(args: Args) -> dict:
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
-    policy = compiled(policy_step)
+    pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compiled = compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    policy, reference_fn = compiled(partial(policy_step, actor)), compiled(partial(reference_logprob, actor))
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
+    def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
+        state = {
+            "script": "grpo_vla",
+            "args": dataclasses.asdict(args),
+            "model": model_state(actor),  # trainable parameters and buffers
+            "frozen": frozen,
+            "optimizer": optimizer.state_dict(),
+            "iteration": iteration,
+            "global_step": global_step,
+            "num_iterations": num_iterations,
+            "best_key": list(evaluator.best_key),
+            "obs_dim": obs_dim,
+            "act_dim": act_dim,
+            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
+            "rng": rng_state(),
+            "env_state": env_state_dict(envs),
+        }
+        return str(atomic_save(state, logger.checkpoint_dir / name))
+
+    decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
+    powers = args.gamma ** torch.arange(args.action_chunk, device=device)[:, None]  # gamma^k of a chunk's k-th step
     storage = rollout_storage(
         horizon,
         args.num_envs,
         device,
         obs=envs.single_observation_space,
-        action=(envs.single_action_space.shape, torch.float32),
+        action=(action_space(envs, args).shape, torch.float32),
         logprob=((), torch.float32),
         reward=((), torch.float32),
         discount=((), torch.float32),
+        outcome=((), torch.float32),
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     amp = autocast(args.autocast, device)
-    minibatch_size = batch_size // args.num_minibatches
-    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
+    micro_batch_size = min(piece, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
-    iteration, eval_result = start_iteration - 1, None
+    iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
@@ -534,13 +503,16 @@ def main(args: Args) -> dict:
             with torch.no_grad():
                 for step in range(horizon):
                     with amp():
-                        out = policy(actor, next_obs)
+                        out = in_pieces(policy, next_obs, piece)
                     storage["obs"][step] = next_obs
                     storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
-                    done = terminated | truncated
-                    storage["reward"][step], storage["done"][step] = reward, done
-                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
+                    next_obs, rewards, executed, terminated, truncated, info = step_chunk(
+                        envs, out["env_action"].reshape(decision_shape)
+                    )  # rewards, executed: [K, N], per env step of the decision (K = 1: one step)
+                    storage["reward"][step] = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum
+                    storage["discount"][step] = args.gamma ** executed.sum(0)  # discounts the return after it
+                    storage["outcome"][step] = torch.where(executed, rewards, 0.0).sum(0)  # undiscounted sum
+                    storage["done"][step] = done = terminated | truncated
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
                         watch.update_final(step, info["final_obs"], done)
@@ -554,15 +526,12 @@ def main(args: Args) -> dict:
 
             # ---- group-relative advantages (critic-free) ----
             with torch.no_grad():
-                mask = (
-                    first_episode_mask(storage["done"])
-                    if args.truncate_at_first_done
-                    else torch.ones_like(storage["done"])
-                )
+                done = storage["done"]
+                mask = first_episode_mask(done) if args.truncate_at_first_done else torch.ones_like(done)
                 returns = (
-                    returns_to_go(storage["reward"], storage["done"], storage["discount"])
+                    decision_returns_to_go(storage["reward"], done, storage["discount"])
                     if args.advantage == "step"
-                    else storage["reward"]  # episode_advantages sums them over each first episode
+                    else storage["outcome"]  # episode_advantages sums them over each first episode, undiscounted
                 )
                 advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
                 kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
@@ -571,8 +540,7 @@ def main(args: Args) -> dict:
                 batch = storage.select("obs", "action", "logprob").reshape(-1)
                 batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
                 with amp():
-                    ref_dist = reference(batch["obs"])
-                batch["ref_logprob"] = ref_dist.log_prob(batch["action"]).flatten(1).sum(-1)
+                    batch["ref_logprob"] = in_pieces(reference_fn, batch.select("obs", "action"), piece)
 
             # ---- PPO-clip update over the masked samples ----
             update_stats = []  # statistics of the applied minibatch steps, averaged for logging
@@ -581,13 +549,12 @@ def main(args: Args) -> dict:
                 epoch_kl = []
                 for idx in torch.randperm(batch_size, device=device).view(args.num_minibatches, -1):
                     mb = batch[idx]
-                    n_alive = mb["mask"].sum().clamp_min(1)
-                    denominator = n_alive if args.scale_adv else len(mb)  # of the whole minibatch
+                    n_alive = mb["mask"].sum()
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
+                    for part in micro_batches(mb, micro_batch_size):
                         with amp():
-                            out = backward_fn(actor, piece, args, denominator, piece["mask"].sum() / n_alive)
+                            out = backward_fn(actor, part, args, n_alive, minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])
                     grad_norm = clip_fn(params, args.max_grad_norm)
                     if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
@@ -628,36 +595,25 @@ def main(args: Args) -> dict:
                 succ=logger.latest.get("charts/success_rate"),
             )
 
-            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes); the last
-            # iteration evaluates (unless stopped) and writes last.pt
-            stopping = stop.requested
-            last = stopping or iteration == num_iterations
-            names = ["last.pt"] if last else []
-            if (args.eval_freq and iteration >= next_eval) or (last and not stopping):
+            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
+            if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
                 next_eval = iteration + args.eval_freq
                 eval_result, is_best = evaluator.run(act, global_step)
-                names += ["best.pt"] * is_best
+                if is_best:
+                    save_checkpoint("best.pt")
             if args.save_freq and iteration >= next_save:
                 next_save = iteration + args.save_freq
-                names += ["last.pt", f"iter_{iteration:06d}.pt"]
-            if names:  # assembling a checkpoint copies the env state to the host: only when one is written
-                save_checkpoints(
-                    [logger.checkpoint_dir / n for n in dict.fromkeys(names)],
-                    args,
-                    actor,
-                    ref_actor,
-                    frozen,
-                    optimizer,
-                    envs,
-                    evaluator,
-                    iteration,
-                    global_step,
-                    num_iterations,
-                )
-            if stopping:
+                checkpoint = save_checkpoint("last.pt")
+                save_checkpoint(f"iter_{iteration:06d}.pt")
+            if stop.requested:
                 break
 
-    checkpoint = str(logger.checkpoint_dir / "last.pt")
+    checkpoint = save_checkpoint("last.pt")
+    if not stop.requested:
+        eval_result, is_best = evaluator.run(act, global_step)
+        if is_best:
+            save_checkpoint("best.pt")
+            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
     wall = time.time() - start_time
     logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
     envs.close()

@@ -5,13 +5,11 @@
         --gamma 0.99 --gae-lambda 0.95 --num-minibatches 32 --update-epochs 10 --learning-rate 3e-4 \
         --norm-obs --norm-reward --total-timesteps 500000
 
-Read top to bottom: `Args`; the `Agent` (with its observation normalizer); the pure functions (`policy_step`,
-`compute_gae`, `ppo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps
-unchanged (`--compile`: by default where the run is long enough for it to pay); then `main` with the
-training loop. Environments come from `cleanrl_embodied.shared`: torch tensors on the device, Gymnasium's
-SAME_STEP autoreset with `info["final_obs"]`, on-device episode statistics. Flag checks, checkpoint
-loading, the evaluation loop and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the
-algorithm and what a checkpoint holds are all here. Copy this file and edit it.
+Read top to bottom, as CleanRL's ppo_continuous_action.py: `Args`, the `Agent`, the pure functions (`policy_step`,
+`compute_gae`, `ppo_loss`, ...) that torch.compile wraps unchanged (`--compile`), then `main` with the training loop.
+The envs (torch tensors on the device, SAME_STEP autoreset with `info["final_obs"]`), flag checks, checkpoint loading,
+evaluation and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the algorithm and what a
+checkpoint holds are all here. Token-bin heads, action chunks, micro-batches and autocast: ppo_vla.py.
 """
 
 from __future__ import annotations
@@ -22,55 +20,74 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict, from_module
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
-    frozen_fingerprint,
     load_model_state,
     load_optimizer,
     load_start,
-    model_state,
     note_schedule_change,
     rng_state,
     set_rng_state,
 )
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.language import VOCAB_SIZE
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
-    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import (
+    from_saved,
+    image_spaces,
+    saveable,
+    state_dim,
+    state_vector,
+    token_spaces,
+)
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
+class Args(RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    env_id: str = "PushCubeRL"
+    """the environment id: PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
+    total_timesteps: int = 2_000_000
+    """total environment steps (summed over envs)"""
     num_envs: int = 256
     """number of parallel training environments"""
 
     # Algorithm
-    total_timesteps: int = 2_000_000
-    """total environment steps (summed over envs)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -103,17 +120,6 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
-    action_head: Literal["gaussian", "bins"] = "gaussian"
-    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
-    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
-    action_bins: int = 256
-    """bins per action entry (--action-head bins)"""
-    action_chunk: int = 1
-    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
-    micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
-    autocast: Literal["none", "bf16"] = "none"
-    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
     norm_obs: bool = False
     """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
     norm_reward: bool = False
@@ -130,9 +136,8 @@ def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
-                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "clip_obs",
-                  "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl"),
+        positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
+                  "clip_obs", "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
         finite=("init_logstd",),
@@ -141,6 +146,23 @@ def validate(args: Args) -> None:
     )  # fmt: skip
     if args.cudagraphs and pick_device(args.cuda).type != "cuda":
         fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)")
+
+
+VLA_ONLY = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none", "fsdp": False}
+"""Flags the PPO trainers had before the VLA trainers split off (issue 37), with the one value they may have here."""
+
+
+def refuse_vla_checkpoint(ckpt: dict | None, flag_name: str, path: str | None) -> None:
+    """One line for a checkpoint of the old ppo_continuous.py / ppo_ddp.py written with one of the `VLA_ONLY` flags
+    (token bins, action chunks, micro-batches, autocast, FSDP): the VLA trainers train such policies now."""
+    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY.items() if ckpt and ckpt["args"].get(k, ok) != ok]
+    if used:
+        vla = {"ppo_continuous": "ppo_vla.py", "ppo_ddp": "ppo_vla_ddp.py"}.get(ckpt["script"], "ppo_vla.py")
+        fail(
+            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
+            f"{vla} has since the VLA trainers split off (issue 37): train such a policy with {vla}, or use this "
+            "checkpoint with the version that wrote it"
+        )
 
 
 class RunningMeanStd(nn.Module):
@@ -179,10 +201,87 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
+def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+MIN_IMAGE_SIZE = 36
+"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
+
+
+def needs_encoder(space: gym.Space) -> bool:
+    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
+    return bool(image_spaces(space) or token_spaces(space))
+
+
+class InstructionEncoder(nn.Module):
+    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
+    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
+    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+
+    def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+
+    def forward(self, tokens: TensorDict) -> torch.Tensor:
+        x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
+        keep = tokens["attention_mask"].unsqueeze(1) > 0
+        return self.out(torch.where(keep, x, -torch.inf).amax(-1).clamp_min(0.0))  # (an empty one gives zeros)
+
+
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
+    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
+    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
+    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
+    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
+    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
+    those of a 36-pixel image.
+
+    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
+    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
+    over the batch and two of three seeds never learned RGB PushCubeRL."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+            self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
+            height, width = height + pad_h, width + pad_w
+            convs = nn.Sequential(
+                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(
+                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+            )
+        self.text_keys = list(token_spaces(obs_space))
+        self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [
+            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
+            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+        ]
+        texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
+        return torch.cat([*images, *texts, state], -1)
+
+
 class Agent(nn.Module):
-    """An actor and a separate critic (MLPs) on the normalized observation (TensorDict observations: their float
-    entries; images and instructions first go through the shared `PixelEncoder`). The actor is a Gaussian with a
-    state-independent log-std, or a categorical over bins per action entry; over one action [D] or a chunk [K, D]."""
+    """A Gaussian actor (state-independent log-std) and a separate critic, MLPs on the normalized observation
+    (TensorDict observations: their float entries, with images and instructions through a `PixelEncoder`)."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
@@ -190,82 +289,60 @@ class Agent(nn.Module):
         self.obs_rms = RunningMeanStd((state_dim(obs_space),))
         self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
         features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
-        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
-        act_dim = math.prod(self.action_shape)
+        self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
         self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
-        if self.bins:  # one categorical per action entry; the raw action is the bin index
-            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
-            low, high = bin_bounds(act_space, self.bins)
-            self.register_buffer("action_low", low)
-            self.register_buffer("action_high", high)
-        else:
-            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
         if self.norm_obs:
-            state = (
-                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
-                .clamp(-self.clip_obs, self.clip_obs)
-                .float()
-            )
+            std = (self.obs_rms.var + 1e-8).sqrt()
+            state = ((state - self.obs_rms.mean) / std).clamp(-self.clip_obs, self.clip_obs).float()
         return state if self.encoder is None else self.encoder(obs, state)
 
-    def _dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
-        if self.bins:
-            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
-        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.actor_mean(features)
         std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
         shape = (-1, *self.action_shape)
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1).float()
+        return self._dist(features), self.critic(features).squeeze(-1)
 
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1).float()
-
-    def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
-
-
-ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def make_agent(envs, args: Args) -> nn.Module:
-    """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
+    """The built-in `Agent`, or the module that `--policy module:factory` builds (docs/policies.md)."""
+    obs_space, act_space = envs.single_observation_space, envs.single_action_space
     if args.policy is None:
-        return Agent(envs.single_observation_space, envs.single_action_space, args)
-    return build_policy(args, envs, needs=("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+        return Agent(obs_space, act_space, args)
+    needs = ("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ())
+    return build_policy(args.policy, args.policy_kwargs, obs_space, act_space, args, needs)
 
 
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
-    action's entries, a chunk's too), V(obs) and the action the env gets."""
+    """Sample an action (unclipped: the env clips it); return it with its log-prob (summed over entries) and V(obs)."""
     dist, value = agent(obs)
     action = dist.sample()
-    return TensorDict(
-        action=action,
-        logprob=dist.log_prob(action).flatten(1).sum(-1),
-        value=value,
-        env_action=agent.env_action(action),
-        batch_size=obs.shape[:1],
-    )
+    logprob = dist.log_prob(action).flatten(1).sum(-1)
+    return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
 
 def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator."""
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
     dist = agent.dist(obs)
-    return agent.env_action(dist.mode if deterministic else sample(dist, generator))
+    if deterministic:
+        return dist.mean
+    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
 
 
 def compute_gae(
@@ -305,8 +382,8 @@ def normalize_advantages(mb: TensorDict) -> TensorDict:
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
-    detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
+    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics).
+    The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
@@ -333,40 +410,28 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     return loss, stats
 
 
-def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
-    """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
-    gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
-    statistics, detached (summed over the pieces they are the minibatch's)."""
-    loss, stats = ppo_loss(agent, piece, args)
-    if weight != 1.0:  # a piece of a split minibatch
-        loss, stats = loss * weight, stats * weight
-    loss.backward()
-    return loss.detach(), stats
-
-
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
 def scale_rewards(
-    rewards: torch.Tensor,
-    dones: torch.Tensor,
-    trace: torch.Tensor,
-    rms: RunningMeanStd,
-    discounts: torch.Tensor,
-    clip: float,
+    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
 ) -> torch.Tensor:
-    """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
-    env's discounted return so far and is updated in place (it restarts after episode ends); `discounts` [T, N]
-    are the decisions' (gamma, or gamma^k for chunks of k steps)."""
+    """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each env's
+    discounted return so far and is updated in place (it restarts after episode ends)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
     for t in range(rewards.shape[0]):
-        trace.mul_(discounts[t]).add_(rewards[t])
+        trace.mul_(gamma).add_(rewards[t])
         traces[t] = trace
         trace.masked_fill_(dones[t], 0.0)
     rms.update(traces)
     return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
+
+
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
+1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
 
 
 def main(args: Args) -> dict:
@@ -374,12 +439,13 @@ def main(args: Args) -> dict:
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
         args,
         ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
         resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
     )
-    batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)
+    refuse_vla_checkpoint(ckpt, ckpt_flag, getattr(args, ckpt_flag))
+    batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
+    num_iterations = max(1, args.total_timesteps // batch_size)
     seed_everything(args.seed, args.torch_deterministic)
     device = pick_device(args.cuda)
 
@@ -388,7 +454,6 @@ def main(args: Args) -> dict:
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = RunLogger("ppo_continuous", args, total_iterations=num_iterations)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
@@ -407,9 +472,10 @@ def main(args: Args) -> dict:
     agent_inference = make_agent(eval_envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
+    compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compiled = compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
-    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
+    loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
@@ -434,44 +500,23 @@ def main(args: Args) -> dict:
     )
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
-        state = {
-            "script": "ppo_continuous",
-            "args": dataclasses.asdict(args),
-            "model": model_state(agent),  # trainable parameters and buffers
-            "frozen": frozen,
-            "optimizer": optimizer.state_dict(),
-            "reward_rms": reward_rms.state_dict(),
-            "reward_trace": reward_trace,
-            "iteration": iteration,
-            "global_step": global_step,
-            "num_iterations": num_iterations,
-            "best_key": list(evaluator.best_key),
-            "obs_dim": obs_dim,
-            "act_dim": act_dim,
-            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
-            "rng": rng_state(),
-            "env_state": env_state_dict(envs),
-            "next_obs": saveable(next_obs),
-        }
+        state = dict(
+            script="ppo_continuous", args=dataclasses.asdict(args), model=agent.state_dict(),
+            optimizer=optimizer.state_dict(), reward_rms=reward_rms.state_dict(), reward_trace=reward_trace,
+            iteration=iteration, global_step=global_step, num_iterations=num_iterations,
+            best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,
+            env=env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
+            rng=rng_state(), env_state=env_state_dict(envs), next_obs=saveable(next_obs),
+        )  # fmt: skip
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     storage = rollout_storage(
-        args.num_steps,
-        args.num_envs,
-        device,
-        obs=envs.single_observation_space,
-        action=(envs.single_action_space.shape, torch.float32),
-        logprob=((), torch.float32),
-        value=((), torch.float32),
-        final_value=((), torch.float32),
-        reward=((), torch.float32),
-        discount=((), torch.float32),
-        terminated=((), torch.bool),
-        done=((), torch.bool),
-    )  # TensorDict observations are stored as they come, uint8 images as uint8
+        args.num_steps, args.num_envs, device,
+        obs=envs.single_observation_space,  # TensorDict observations as they come, uint8 images as uint8
+        action=(envs.single_action_space.shape, torch.float32), logprob=((), torch.float32), value=((), torch.float32),
+        final_value=((), torch.float32), reward=((), torch.float32), terminated=((), torch.bool), done=((), torch.bool),
+    )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
-    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
@@ -487,42 +532,30 @@ def main(args: Args) -> dict:
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
-                    with amp():
-                        out = policy(next_obs)
+                    out = policy(next_obs)
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
+                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
                     storage["reward"][step], storage["terminated"][step] = reward, terminated
-                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
                     storage["done"][step] = done = terminated | truncated
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
-                        with amp():
-                            storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                        storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])
-                watch.check(global_step, args.num_envs * args.action_chunk)  # one line naming envs and step, if any
-                global_step += batch_size * args.action_chunk
+                watch.check(global_step, args.num_envs)  # one line naming the envs and the step, if any
+                global_step += batch_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
-                with amp():
-                    next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
-                rewards, discounts = storage["reward"], storage["discount"]
+                rewards, dones = storage["reward"], storage["done"]
                 if args.norm_reward:
-                    rewards = scale_rewards(
-                        rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward
-                    )
+                    rewards = scale_rewards(rewards, dones, reward_trace, reward_rms, args.gamma, args.clip_reward)
                 advantages, returns = compute_gae(
-                    rewards,
-                    storage["value"],
-                    next_values,
-                    storage["terminated"],
-                    storage["done"],
-                    discounts,
-                    args.gae_lambda,
+                    rewards, storage["value"], next_values, storage["terminated"], dones, args.gamma, args.gae_lambda
                 )
 
             # ---- PPO update ----
@@ -535,14 +568,11 @@ def main(args: Args) -> dict:
                 for start in range(0, batch_size, minibatch_size):
                     mb = batch[perm[start : start + minibatch_size]]
                     mb = normalize_advantages(mb) if args.norm_adv else mb
+                    loss, stats = loss_fn(agent, mb, args)
                     optimizer.zero_grad(set_to_none=True)
-                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
-                        with amp():
-                            out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
-                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
+                    loss.backward()
                     grad_norm = clip_fn(params, args.max_grad_norm)
-                    if not guard.ok(loss, grad_norm, global_step):  # many in a row stop the run
+                    if not guard.ok(loss.detach(), grad_norm, global_step):  # many in a row stop the run
                         continue
                     step_fn()
                     epoch_kl.append(stats["approx_kl"])
@@ -556,22 +586,12 @@ def main(args: Args) -> dict:
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
             sps = (global_step - start_step) / (time.time() - start_time)
             scalars = {f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()} if update_stats else {}
-            scalars.update(
-                {
-                    "losses/explained_variance": explained_var,
-                    "charts/SPS": sps,
-                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                    "charts/skipped_updates": guard.skipped,
-                    **rollout_stats.scalars(),
-                }
-            )
+            lr = optimizer.param_groups[0]["lr"]
+            scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps, "charts/learning_rate": lr})
+            scalars.update({"charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
             logger.log(scalars, global_step)
-            logger.progress(
-                global_step,
-                SPS=sps,
-                ret=logger.latest.get("charts/episodic_return"),
-                succ=logger.latest.get("charts/success_rate"),
-            )
+            ret, succ = logger.latest.get("charts/episodic_return"), logger.latest.get("charts/success_rate")
+            logger.progress(global_step, SPS=sps, ret=ret, succ=succ)
 
             # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
             if args.eval_freq and iteration >= next_eval and iteration < num_iterations:

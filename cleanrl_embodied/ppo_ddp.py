@@ -3,25 +3,20 @@
     uv run torchrun --standalone --nproc_per_node 2 cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL
     uv run python cleanrl_embodied/ppo_ddp.py --env-id PushCubeRL        # without torchrun: a world of one
 
-This is ppo_continuous.py made data-parallel; it has the same flags plus `--backend`, `--dist-timeout-s` and
-`--fsdp`.
-Every rank steps its own `--num-envs` envs, collects its own rollout and cuts it into its own minibatches, each
-rank with its own random streams derived from (seed, rank) (`stream_seed`; rank 0's are ppo_continuous.py's);
-`--total-timesteps` counts the env steps of all ranks together. Process-group set-up and teardown live in
-`cleanrl_embodied.shared.distributed`. What keeps the ranks one run:
+ppo_continuous.py made data-parallel, with the same flags plus `--backend` and `--dist-timeout-s`. Every rank steps
+its own `--num-envs` envs and learns from its own rollout in its own minibatches, with random streams derived from
+(seed, rank) (rank 0's are ppo_continuous.py's); `--total-timesteps` counts the env steps of all ranks. What keeps
+the ranks one run:
 
-- identical initial weights (rank 0's broadcast to all at start, checked bit for bit at the end);
-- `sync_gradients`: before every optimizer step, one all-reduce of one flat buffer holding every gradient
-  and the loss, so all ranks step with the same averaged gradient and skip the same non-finite steps;
+- identical weights: rank 0's broadcast at the start, checked bit for bit at the end;
+- `sync_gradients`: before every optimizer step one all-reduce of one flat buffer holding every gradient and the
+  loss, so all ranks step with the same averaged gradient and skip the same non-finite steps;
 - observation and reward normalizers merged over all ranks (all-gather of count, mean, variance);
 - every decision that changes control flow (target-KL stop, non-finite data, Ctrl-C/SIGTERM) is all-reduced;
-- rank 0 alone logs, evaluates and writes checkpoints and summary.json; episode statistics are summed
-  over ranks. A rank that dies or stalls makes the others stop with one error line (`--dist-timeout-s`).
+- rank 0 alone logs, evaluates and writes checkpoints (with every rank's env and RNG state) and summary.json. A rank
+  that dies or stalls makes the others stop with one error line (`--dist-timeout-s`; `shared/distributed.py`).
 
-With `--fsdp` (FSDP2's `fully_shard`, on CPU with gloo too) every rank holds a shard of the parameters, gradients
-and optimizer state instead of all of them: FSDP averages the gradients in the backward pass (in place of
-`sync_gradients`), the rollout and the evaluations act with a whole copy of the weights gathered after every
-update, and checkpoints hold whole tensors, gathered from the shards (a resume keeps `--fsdp`).
+Sharding a policy too large for one GPU (FSDP), token bins, action chunks, micro-batches, autocast: ppo_vla_ddp.py.
 """
 
 from __future__ import annotations
@@ -40,15 +35,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict, from_module
-from torch.distributed.fsdp import fully_shard
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
-    frozen_fingerprint,
     load_model_state,
     load_optimizer,
     load_start,
@@ -56,49 +49,61 @@ from cleanrl_embodied.shared.checkpoints import (
     rng_state,
     set_rng_state,
 )
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.distributed import (
-    broadcast_model,
-    check_in_sync,
-    full,
-    gather_into,
-    process_group,
-    whole_state,
-)
-from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
+from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
+from cleanrl_embodied.shared.distributed import broadcast_model, check_in_sync, process_group
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.evaluation import Evaluator
+from cleanrl_embodied.shared.language import VOCAB_SIZE
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
     StopFlag,
-    autocast,
     compiler,
     pick_device,
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import (
+    from_saved,
+    image_spaces,
+    saveable,
+    state_dim,
+    state_vector,
+    token_spaces,
+)
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
+class Args(RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
     exp_name: str = "ppo_ddp"
     """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    env_id: str = "PushCubeRL"
+    """the environment id: PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
+    total_timesteps: int = 2_000_000
+    """total environment steps (summed over the envs of all ranks)"""
     num_envs: int = 256
     """number of parallel training environments per rank"""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend: auto = nccl on CUDA, gloo on CPU"""
-    fsdp: bool = False
-    """shard parameters, gradients and optimizer state over the ranks (FSDP2's fully_shard), for a policy too large
-    to train whole on every rank; the rollout acts with a full copy of the weights refreshed every iteration"""
     dist_timeout_s: int = 300
     """seconds any rank waits in a collective for a missing rank before all stop with an error; must exceed
     rank 0's longest pause (an evaluation plus a checkpoint)"""
 
     # Algorithm
-    total_timesteps: int = 2_000_000
-    """total environment steps (summed over the envs of all ranks)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -131,17 +136,6 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """hidden layer sizes of the actor and the critic MLPs"""
     init_logstd: float = -0.5
     """initial log standard deviation of the Gaussian policy"""
-    action_head: Literal["gaussian", "bins"] = "gaussian"
-    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
-    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
-    action_bins: int = 256
-    """bins per action entry (--action-head bins)"""
-    action_chunk: int = 1
-    """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
-    micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
-    autocast: Literal["none", "bf16"] = "none"
-    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
     norm_obs: bool = False
     """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
     norm_reward: bool = False
@@ -158,17 +152,16 @@ def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
     check_args(
         args,
-        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
-                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "clip_obs",
-                  "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl",
+        positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
+                  "clip_obs", "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl",
                   "dist_timeout_s"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
-        minibatches_of=args.num_envs * args.num_steps,
+        minibatches_of=args.num_envs * args.num_steps,  # each rank's rollout
         show=show,
-    )  # fmt: skip  # each rank's rollout
+    )  # fmt: skip
     cuda = pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
         fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
@@ -176,8 +169,25 @@ def validate(args: Args, show: bool) -> None:
         fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)", show)
 
 
+VLA_ONLY = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none", "fsdp": False}
+"""Flags the PPO trainers had before the VLA trainers split off (issue 37), with the one value they may have here."""
+
+
+def refuse_vla_checkpoint(ckpt: dict | None, flag_name: str, path: str | None) -> None:
+    """One line for a checkpoint of the old ppo_continuous.py / ppo_ddp.py written with one of the `VLA_ONLY` flags
+    (token bins, action chunks, micro-batches, autocast, FSDP): the VLA trainers train such policies now."""
+    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY.items() if ckpt and ckpt["args"].get(k, ok) != ok]
+    if used:
+        vla = {"ppo_continuous": "ppo_vla.py", "ppo_ddp": "ppo_vla_ddp.py"}.get(ckpt["script"], "ppo_vla.py")
+        fail(
+            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
+            f"{vla} has since the VLA trainers split off (issue 37): train such a policy with {vla}, or use this "
+            "checkpoint with the version that wrote it"
+        )
+
+
 class RunningMeanStd(nn.Module):
-    """Running mean/variance in float64, merged with each rollout of every rank by the parallel-variance formula."""
+    """Running mean/variance in float64, merged batch by batch with the parallel-variance formula."""
 
     def __init__(self, shape: tuple[int, ...] = ()):
         super().__init__()
@@ -186,13 +196,13 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor, world_size: int) -> None:
+    def update(self, x: torch.Tensor) -> None:
         """Merge the batches x of all ranks (a collective: every rank calls it and ends with the same bits)."""
         if self.mean.numel() == 0:  # observations without float entries: nothing to track
             return
         x = x.reshape(-1, *self.mean.shape).double()
         local = torch.cat([x.new_tensor([x.shape[0]]), x.mean(0).reshape(-1), x.var(0, unbiased=False).reshape(-1)])
-        parts = [torch.empty_like(local) for _ in range(world_size)]
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, local)
         for part in parts:  # in rank order, the same on every rank
             n, batch_mean, batch_var = part[0], *part[1:].view(2, *self.mean.shape).unbind(0)
@@ -217,10 +227,87 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
+def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+MIN_IMAGE_SIZE = 36
+"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
+
+
+def needs_encoder(space: gym.Space) -> bool:
+    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
+    return bool(image_spaces(space) or token_spaces(space))
+
+
+class InstructionEncoder(nn.Module):
+    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
+    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
+    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+
+    def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+
+    def forward(self, tokens: TensorDict) -> torch.Tensor:
+        x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
+        keep = tokens["attention_mask"].unsqueeze(1) > 0
+        return self.out(torch.where(keep, x, -torch.inf).amax(-1).clamp_min(0.0))  # (an empty one gives zeros)
+
+
+class PixelEncoder(nn.Module):
+    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
+    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
+    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
+    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
+    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
+    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
+    those of a 36-pixel image.
+
+    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
+    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
+    over the batch and two of three seeds never learned RGB PushCubeRL."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+        super().__init__()
+        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
+        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
+            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+            self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
+            height, width = height + pad_h, width + pad_w
+            convs = nn.Sequential(
+                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            self.cnns.append(
+                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+            )
+        self.text_keys = list(token_spaces(obs_space))
+        self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
+
+    def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        images = [
+            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
+            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+        ]
+        texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
+        return torch.cat([*images, *texts, state], -1)
+
+
 class Agent(nn.Module):
-    """An actor and a separate critic (MLPs) on the normalized observation (TensorDict observations: their float
-    entries; images and instructions first go through the shared `PixelEncoder`). The actor is a Gaussian with a
-    state-independent log-std, or a categorical over bins per action entry; over one action [D] or a chunk [K, D]."""
+    """A Gaussian actor (state-independent log-std) and a separate critic, MLPs on the normalized observation
+    (TensorDict observations: their float entries, with images and instructions through a `PixelEncoder`)."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
@@ -228,82 +315,60 @@ class Agent(nn.Module):
         self.obs_rms = RunningMeanStd((state_dim(obs_space),))
         self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
         features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
-        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
-        act_dim = math.prod(self.action_shape)
+        self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
         self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
-        if self.bins:  # one categorical per action entry; the raw action is the bin index
-            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
-            low, high = bin_bounds(act_space, self.bins)
-            self.register_buffer("action_low", low)
-            self.register_buffer("action_high", high)
-        else:
-            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
+        self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
         state = state_vector(obs)  # a plain observation tensor as it is
         if self.norm_obs:
-            state = (
-                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
-                .clamp(-self.clip_obs, self.clip_obs)
-                .float()
-            )
+            std = (self.obs_rms.var + 1e-8).sqrt()
+            state = ((state - self.obs_rms.mean) / std).clamp(-self.clip_obs, self.clip_obs).float()
         return state if self.encoder is None else self.encoder(obs, state)
 
-    def _dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
-        if self.bins:
-            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
-        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
+    def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.actor_mean(features)
         std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
         shape = (-1, *self.action_shape)
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1).float()
+        return self._dist(features), self.critic(features).squeeze(-1)
 
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
+    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1).float()
-
-    def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
-
-
-ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def make_agent(envs, args: Args) -> nn.Module:
-    """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
+    """The built-in `Agent`, or the module that `--policy module:factory` builds (docs/policies.md)."""
+    obs_space, act_space = envs.single_observation_space, envs.single_action_space
     if args.policy is None:
-        return Agent(envs.single_observation_space, envs.single_action_space, args)
-    return build_policy(args, envs, needs=("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+        return Agent(obs_space, act_space, args)
+    needs = ("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ())
+    return build_policy(args.policy, args.policy_kwargs, obs_space, act_space, args, needs)
 
 
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
-    action's entries, a chunk's too), V(obs) and the action the env gets."""
+    """Sample an action (unclipped: the env clips it); return it with its log-prob (summed over entries) and V(obs)."""
     dist, value = agent(obs)
     action = dist.sample()
-    return TensorDict(
-        action=action,
-        logprob=dist.log_prob(action).flatten(1).sum(-1),
-        value=value,
-        env_action=agent.env_action(action),
-        batch_size=obs.shape[:1],
-    )
+    logprob = dist.log_prob(action).flatten(1).sum(-1)
+    return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
 
 def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator."""
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
     dist = agent.dist(obs)
-    return agent.env_action(dist.mode if deterministic else sample(dist, generator))
+    if deterministic:
+        return dist.mean
+    return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
 
 
 def compute_gae(
@@ -343,8 +408,8 @@ def normalize_advantages(mb: TensorDict) -> TensorDict:
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
-    detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
+    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics).
+    The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
@@ -371,6 +436,25 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     return loss, stats
 
 
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def scale_rewards(
+    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
+) -> torch.Tensor:
+    """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each env's
+    discounted return so far and is updated in place (it restarts after episode ends)."""
+    traces = torch.empty_like(rewards, dtype=torch.float64)
+    for t in range(rewards.shape[0]):
+        trace.mul_(gamma).add_(rewards[t])
+        traces[t] = trace
+        trace.masked_fill_(dones[t], 0.0)
+    rms.update(traces)
+    return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
+
+
 def sync_gradients(params: list[torch.Tensor], world_size: int, loss: torch.Tensor) -> torch.Tensor:
     """Average the gradients of `params` over all ranks in place, with ONE all-reduce of one flat buffer that also
     carries the loss; returns the rank-averaged loss, non-finite if any rank's loss was. After this call every
@@ -384,43 +468,6 @@ def sync_gradients(params: list[torch.Tensor], world_size: int, loss: torch.Tens
     return flat[-1]
 
 
-def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
-    """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
-    gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
-    statistics, detached (summed over the pieces they are the minibatch's)."""
-    loss, stats = ppo_loss(agent, piece, args)
-    if weight != 1.0:  # a piece of a split minibatch
-        loss, stats = loss * weight, stats * weight
-    loss.backward()
-    return loss.detach(), stats
-
-
-def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Scale the gradients to a global norm of at most `max_norm`; returns the norm before clipping."""
-    return nn.utils.clip_grad_norm_(params, max_norm)
-
-
-def scale_rewards(
-    rewards: torch.Tensor,
-    dones: torch.Tensor,
-    trace: torch.Tensor,
-    rms: RunningMeanStd,
-    discounts: torch.Tensor,
-    clip: float,
-    world_size: int,
-) -> torch.Tensor:
-    """Divide rewards by the running std of the discounted return, merged over all ranks (no mean shift);
-    `trace` holds each of this rank's envs' discounted return so far and is updated in place; `discounts` [T, N]
-    are the decisions' (gamma, or gamma^k for chunks of k steps)."""
-    traces = torch.empty_like(rewards, dtype=torch.float64)
-    for t in range(rewards.shape[0]):
-        trace.mul_(discounts[t]).add_(rewards[t])
-        traces[t] = trace
-        trace.masked_fill_(dones[t], 0.0)
-    rms.update(traces, world_size)
-    return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
-
-
 def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
     return {
@@ -431,25 +478,22 @@ def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Te
     }
 
 
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
+1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
+
+
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
     ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
         args,
         ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=(
-            "num_envs",
-            "num_steps",
-            "gamma",
-            "norm_reward",
-            "clip_reward",
-            "learning_rate",
-            "anneal_lr",
-            "fsdp",
-        ),  # fmt: skip
+        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
+        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
         read=rank == 0,
     )  # the others get the content from rank 0
+    refuse_vla_checkpoint(ckpt, ckpt_flag, getattr(args, ckpt_flag))
     with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
         return train(args, ckpt, ckpt_flag, dist.get_rank(), dist.get_world_size(), device, backend)
 
@@ -459,7 +503,7 @@ def train(
 ) -> dict:
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
-    num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk * world_size))
+    num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
     if args.resume or args.eval_checkpoint:  # rank 0 read the file; every rank gets its content
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
@@ -468,51 +512,41 @@ def train(
 
     # Rank r's envs get their own stream, hashed from (seed, r) (+ i for sub-env i of a Gymnasium id): no two envs
     # of the world or of runs with other seeds share one. Rank 0 alone evaluates (fresh starts per evaluation).
-    eval_envs = (
-        build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-        if rank == 0
-        else None
-    )
+    eval_seed = stream_seed(args.seed, "eval_envs")
+    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, eval_seed, device) if rank == 0 else None
     env_seed = stream_seed(args.seed, "train_envs", rank)
     envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
     obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
     broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
-    if ckpt is not None:  # (after the broadcast: every rank checks the same frozen weights, so all agree)
+    if ckpt is not None:
         load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag), show=rank == 0)
-    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+    say = logger.write if rank == 0 else lambda _: None
     evaluator = (
         Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 else None
     )
-    # The rollout and the evaluations act through an inference copy (LeanRL-style): it shares the agent's
-    # parameters, or with --fsdp holds a full copy of them, refreshed every iteration (the agent holds shards).
-    agent_inference = make_agent(envs, args).to(device)
-    from_module(agent).data.to_module(agent_inference)
-    act = partial(eval_action, agent_inference, deterministic=args.eval_deterministic)
+    act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
         envs.close()
         if rank == 0:
             return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
         return {"run_dir": None, "eval": None, "global_step": ckpt["global_step"]}
-    if args.fsdp:  # shard the agent over the ranks: a policy's own units (e.g. a VLA's layers), then the rest
-        for unit in getattr(agent, "fsdp_units", list)():
-            fully_shard(unit)
-        fully_shard(agent)  # (the inference copy keeps the whole weights it was built with, rank 0's)
 
     params = [p for p in agent.parameters() if p.requires_grad]
-    if args.fsdp and rank == 0:
-        mine = sum(p.to_local().numel() for p in params)
-        logger.write(f"fsdp: this rank holds {mine} of the {sum(p.numel() for p in params)} trainable values")
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     reward_rms = RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
+    # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
+    # compiled or graph-captured code then never sees the autograd-tracking module.
+    agent_inference = make_agent(envs, args).to(device)
+    from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    say = logger.write if rank == 0 else lambda _: None
-    compiled = compiler("off" if args.fsdp else args.compile, device, updates, say)  # (FSDP's hooks: eager)
+    compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compiled = compiler(compile_on, device, say)  # torch.compile, or eager (the identity)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
-    backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
+    loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
@@ -521,13 +555,12 @@ def train(
     global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
-        load_optimizer(optimizer, ckpt["optimizer"], agent if args.fsdp else None)
+        load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step = ckpt["global_step"]  # iterations are counted in this run's global batches:
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-        if rank == 0:
             note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
         if len(pieces) == world_size and from_saved(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
@@ -540,59 +573,35 @@ def train(
         else:
             rows = from_saved(pieces[0]["next_obs"], "cpu").shape[0]
             resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
-    if rank == 0:
-        logger.write(
-            f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
-            f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
-            f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger.run_dir}"
-        )
+    say(
+        f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
+        f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
+        f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger and logger.run_dir}"
+    )
 
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
-        state = {
-            "script": "ppo_ddp",
-            "args": dataclasses.asdict(args),
-            "model": pieces[0]["model"],  # trainable parameters and buffers, whole (gathered with --fsdp)
-            "frozen": frozen,
-            "optimizer": pieces[0]["optimizer"],
-            "reward_rms": reward_rms.state_dict(),
-            "iteration": iteration,
-            "global_step": global_step,
-            "num_iterations": num_iterations,
-            "best_key": list(evaluator.best_key),
-            "obs_dim": obs_dim,
-            "act_dim": act_dim,
-            "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
-            "world_size": world_size,
-            **{k: v for k, v in pieces[0].items() if k not in ("model", "optimizer")},
-            "other_ranks": pieces[1:],
-        }
+        state = dict(
+            script="ppo_ddp", args=dataclasses.asdict(args), model=agent.state_dict(),
+            optimizer=optimizer.state_dict(), reward_rms=reward_rms.state_dict(), iteration=iteration,
+            global_step=global_step, num_iterations=num_iterations, best_key=list(evaluator.best_key),
+            obs_dim=obs_dim, act_dim=act_dim,
+            env=env_record(args, envs),  # id, options, observation layout: a resume must match them
+            world_size=world_size, **pieces[0], other_ranks=pieces[1:],
+        )  # fmt: skip
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
-        model, optim = whole_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
         pieces = [None] * world_size if rank == 0 else None
         dist.gather_object(rank_state(envs, next_obs, reward_trace), pieces, dst=0)
-        if rank == 0:
-            pieces[0].update(model=model, optimizer=optim)
         return pieces
 
     storage = rollout_storage(
-        args.num_steps,
-        args.num_envs,
-        device,
-        obs=envs.single_observation_space,
-        action=(envs.single_action_space.shape, torch.float32),
-        logprob=((), torch.float32),
-        value=((), torch.float32),
-        final_value=((), torch.float32),
-        reward=((), torch.float32),
-        discount=((), torch.float32),
-        terminated=((), torch.bool),
-        done=((), torch.bool),
-    )  # TensorDict observations are stored as they come, uint8 images as uint8
+        args.num_steps, args.num_envs, device,
+        obs=envs.single_observation_space,  # TensorDict observations as they come, uint8 images as uint8
+        action=(envs.single_action_space.shape, torch.float32), logprob=((), torch.float32), value=((), torch.float32),
+        final_value=((), torch.float32), reward=((), torch.float32), terminated=((), torch.bool), done=((), torch.bool),
+    )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
-    micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
     guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
@@ -601,7 +610,6 @@ def train(
     # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration (agreed through the
     # iteration's all-reduce; rank 0 alone writes). Repeats are absorbed: torchrun re-sends the signal to its
     # workers; its grace period (30 s, then SIGKILL) is the hard stop.
-    say = logger.write if rank == 0 else lambda _: None
     with StopFlag(say, absorb_repeats=True) as stop:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -612,19 +620,16 @@ def train(
             watch = NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
-                    with amp():
-                        out = policy(next_obs)
+                    out = policy(next_obs)
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
+                    next_obs, reward, terminated, truncated, info = envs.step(out["action"])
                     storage["reward"][step], storage["terminated"][step] = reward, terminated
-                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
                     storage["done"][step] = done = terminated | truncated
                     rollout_stats.add_reward_terms(info)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
-                        with amp():
-                            storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                        storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])
@@ -632,29 +637,20 @@ def train(
                 summed = torch.cat([rollout_stats.sums, watch.seen()])
                 dist.all_reduce(summed)
                 if summed[-2:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
-                    watch.check(global_step, args.num_envs * args.action_chunk * world_size, where=f"rank {rank} ")
+                    watch.check(global_step, args.num_envs * world_size, where=f"rank {rank} ")
                     fail("", show=False)
                 rollout_stats.sums = summed[:-2]
                 rollout_stats.env_steps *= world_size  # the reward terms are summed over every rank's env steps
-                global_step += batch_size * args.action_chunk * world_size
+                global_step += batch_size * world_size
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
-                with amp():
-                    next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
-                rewards, discounts = storage["reward"], storage["discount"]
-                if args.norm_reward:
-                    rewards = scale_rewards(
-                        rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward, world_size
-                    )
+                rewards, dones = storage["reward"], storage["done"]
+                if args.norm_reward:  # (the return's std merged over all ranks)
+                    rewards = scale_rewards(rewards, dones, reward_trace, reward_rms, args.gamma, args.clip_reward)
                 advantages, returns = compute_gae(
-                    rewards,
-                    storage["value"],
-                    next_values,
-                    storage["terminated"],
-                    storage["done"],
-                    discounts,
-                    args.gae_lambda,
+                    rewards, storage["value"], next_values, storage["terminated"], dones, args.gamma, args.gae_lambda
                 )
 
             # ---- PPO update: each rank its own minibatches, gradients averaged over ranks before each step ----
@@ -667,19 +663,11 @@ def train(
                 for start in range(0, batch_size, minibatch_size):
                     mb = batch[perm[start : start + minibatch_size]]
                     mb = normalize_advantages(mb) if args.norm_adv else mb
+                    loss, stats = loss_fn(agent, mb, args)
                     optimizer.zero_grad(set_to_none=True)
-                    loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
-                        with amp():
-                            out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
-                        loss, stats = out if loss is None else (loss + out[0], stats + out[1])
-                    if args.fsdp:  # FSDP averaged the gradients over the ranks in the backward; the loss still
-                        mean_loss = loss.clone()  # needs it: one verdict on every rank
-                        dist.all_reduce(mean_loss)
-                        mean_loss /= world_size
-                    else:
-                        mean_loss = sync_gradients(params, world_size, loss)
-                    grad_norm = full(clip_fn(params, args.max_grad_norm))
+                    loss.backward()
+                    mean_loss = sync_gradients(params, world_size, loss)
+                    grad_norm = clip_fn(params, args.max_grad_norm)
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
                     step_fn()
@@ -691,16 +679,13 @@ def train(
                     if float(kl) / world_size > args.target_kl:
                         break
             if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-                agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2), world_size)  # float entries only
-            if args.fsdp:  # the inference copy (rollout, evaluation) gets the updated weights, whole (a collective)
-                gather_into(agent_inference, agent)
+                agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2))  # float entries, of every rank
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
             losses = torch.stack(update_stats).mean(0) if update_stats else TensorDict()
-            summed = torch.cat(
-                [torch.stack([*losses.values(), explained_var]), torch.tensor(stop.votes(), device=device)]
-            )
+            votes = torch.tensor(stop.votes(), device=device)
+            summed = torch.cat([torch.stack([*losses.values(), explained_var]), votes])
             dist.all_reduce(summed)
             stopped = stop.agree(summed[-2:])  # the same on every rank: 0, or the exit status (130 / 143)
             eval_due = args.eval_freq and iteration >= next_eval and iteration < num_iterations
@@ -713,22 +698,14 @@ def train(
             if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
                 sps = (global_step - start_step) / (time.time() - start_time)
                 scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
+                lr, explained_var = optimizer.param_groups[0]["lr"], summed[-3] / world_size
                 scalars.update(
-                    {
-                        "losses/explained_variance": summed[-3] / world_size,
-                        "charts/SPS": sps,
-                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                        "charts/skipped_updates": guard.skipped,
-                        **rollout_stats.scalars(),
-                    }
+                    {"losses/explained_variance": explained_var, "charts/SPS": sps, "charts/learning_rate": lr}
                 )
+                scalars.update({"charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
                 logger.log(scalars, global_step)
-                logger.progress(
-                    global_step,
-                    SPS=sps,
-                    ret=logger.latest.get("charts/episodic_return"),
-                    succ=logger.latest.get("charts/success_rate"),
-                )
+                ret, succ = logger.latest.get("charts/episodic_return"), logger.latest.get("charts/success_rate")
+                logger.progress(global_step, SPS=sps, ret=ret, succ=succ)
                 if eval_due:
                     eval_result, is_best = evaluator.run(act, global_step)
                     if is_best:
@@ -740,7 +717,7 @@ def train(
                 break
 
         pieces = gather_rank_states()
-        check_in_sync(agent_inference, rank, "at the end")  # (it shares the agent's weights, or holds them whole)
+        check_in_sync(agent, rank, "at the end")
     envs.close()
     if rank == 0:
         checkpoint = save_checkpoint("last.pt", pieces)
@@ -750,23 +727,13 @@ def train(
                 save_checkpoint("best.pt", pieces)
                 checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key a resume compares against
         wall = time.time() - start_time
-        logger.finish(
-            global_step,
-            wall,
-            (global_step - start_step) / max(wall, 1e-9),
-            eval_result,
-            checkpoint,
-            world_size=world_size,
-        )
+        sps = (global_step - start_step) / max(wall, 1e-9)
+        logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
         eval_envs.close()
     if stopped:
         sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
-    return {
-        "run_dir": str(logger.run_dir) if rank == 0 else None,
-        "eval": eval_result,
-        "global_step": global_step,
-        "model": agent_inference.state_dict(),  # (the agent's weights, whole)
-    }
+    run_dir = str(logger.run_dir) if rank == 0 else None
+    return {"run_dir": run_dir, "eval": eval_result, "global_step": global_step, "model": agent.state_dict()}
 
 
 if __name__ == "__main__":

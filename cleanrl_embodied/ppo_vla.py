@@ -1,38 +1,42 @@
-"""PPO for continuous-action embodied tasks, in one file.
+"""PPO for fine-tuning vision-language-action (VLA) policies, in one file.
 
-    uv run python cleanrl_embodied/ppo_continuous.py --env-id PushCubeRL
-    uv run python cleanrl_embodied/ppo_continuous.py --env-id Pendulum-v1 --num-envs 16 --num-steps 128 \
-        --gamma 0.99 --gae-lambda 0.95 --num-minibatches 32 --update-epochs 10 --learning-rate 3e-4 \
-        --norm-obs --norm-reward --total-timesteps 500000
+    uv run python cleanrl_embodied/ppo_vla.py --env-id PushCubeLangRL \
+        --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}' \
+        --policy examples.hf_vla:make_policy --policy-kwargs '{"model_path": "runs/vla_bc"}' \
+        --action-head bins --action-bins 16 --action-chunk 4 --micro-batch-size 32 --autocast bf16
 
-Read top to bottom: `Args`; the `Agent` (with its observation normalizer); the pure functions (`policy_step`,
+As in TorchRL's sota-implementations/vla_grpo, the trainer is this file and the model is one module, built by
+`--policy module:factory` (default: examples/hf_vla, PaliGemma with LoRA adapters) from the observation space, the
+action space of one decision and these Args (the factory reads --action-head and --action-bins). The module
+provides `forward(obs) -> (dist, value)`, `dist(obs)`, `get_value(obs)` and `env_action(raw action)`; `dist` is over
+the raw action [B, *action_shape] (e.g. bin indices), the env gets `env_action` of it. With `--action-chunk K > 1`
+a decision is a chunk of K actions ([K, D], `chunk_space`) that the envs run one by one (`step_decision`): its
+reward is the discounted sum of the rewards of the steps it ran, and GAE discounts it by gamma^(steps it ran).
+`--micro-batch-size` splits minibatches into pieces whose gradients add up (the rollout's forward passes take one
+observation per env); `--autocast bf16` runs the forward passes under bf16 autocast. Checkpoints hold what trains
+(adapters, heads) and a fingerprint of the frozen rest (the factory builds it again).
+
+Read top to bottom: `Args`; the pure functions (`policy_step`, `sample_with`, `eval_action`, `step_decision`,
 `compute_gae`, `ppo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps
-unchanged (`--compile`: by default where the run is long enough for it to pay); then `main` with the
-training loop. Environments come from `cleanrl_embodied.shared`: torch tensors on the device, Gymnasium's
-SAME_STEP autoreset with `info["final_obs"]`, on-device episode statistics. Flag checks, checkpoint
-loading, the evaluation loop and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the
-algorithm and what a checkpoint holds are all here. Copy this file and edit it.
+unchanged (`--compile`); then `main` with the training loop. Environments, flag checks, checkpoint loading, the
+evaluation loop and Ctrl-C/SIGTERM handling come from `cleanrl_embodied.shared`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-import gymnasium as gym
-import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.actions import Bins, bin_bounds, decode_bins, sample
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
     frozen_fingerprint,
@@ -45,8 +49,8 @@ from cleanrl_embodied.shared.checkpoints import (
     set_rng_state,
 )
 from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.encoders import PixelEncoder, needs_encoder
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
+from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.evaluation import Evaluator
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
@@ -58,27 +62,43 @@ from cleanrl_embodied.shared.runtime import (
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evaluation, checkpoints, --policy
-    exp_name: str = "ppo_continuous"
+class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+    exp_name: str = "ppo_vla"
     """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available (``--no-cuda`` forces the CPU)"""
+    track: bool = False
+    """log to Weights & Biases (synced with TensorBoard)"""
+    wandb_project_name: str = "cleanrl_embodied"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """record the first eval env's episode as mp4 at every evaluation (run_dir/videos/)"""
+    env_id: str = "PushCubeLangRL"
+    """the environment id: PushCubeLangRL, PushCubeRL, any Gymnasium id with a Box action space, or a ManiSkill id"""
+    total_timesteps: int = 2_000_000
+    """total environment steps (summed over envs; a chunk of K actions counts K)"""
     num_envs: int = 256
     """number of parallel training environments"""
 
     # Algorithm
-    total_timesteps: int = 2_000_000
-    """total environment steps (summed over envs)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
     """linearly anneal the learning rate to 0 over training"""
     num_steps: int = 20
-    """rollout length per env per iteration"""
+    """rollout length per env per iteration, in decisions"""
     gamma: float = 0.8
-    """discount factor"""
+    """discount factor (per env step; a chunk's steps are discounted inside it)"""
     gae_lambda: float = 0.9
     """lambda of generalized advantage estimation"""
     num_minibatches: int = 8
@@ -99,157 +119,69 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, tracking, envs, evalua
     """global gradient-norm clipping"""
     target_kl: float | None = 0.1
     """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
-    hidden_sizes: tuple[int, ...] = (128, 128)
-    """hidden layer sizes of the actor and the critic MLPs"""
-    init_logstd: float = -0.5
-    """initial log standard deviation of the Gaussian policy"""
+
+    # The policy (passed to the --policy factory through these Args) and its memory
+    policy: str = "examples.hf_vla:make_policy"
+    """the `module:factory` that builds the policy (docs/policies.md, docs/VLA.md)"""
     action_head: Literal["gaussian", "bins"] = "gaussian"
-    """the actor's distribution: a Gaussian per action entry, or a categorical over --action-bins bins per entry
-    (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
+    """the policy's action distribution: a Gaussian per action entry, or a categorical over --action-bins bins per
+    entry (OpenVLA's action tokens), decoded to the bin's centre within the action bounds"""
     action_bins: int = 256
     """bins per action entry (--action-head bins)"""
     action_chunk: int = 1
     """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
     micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split)"""
+    """split each minibatch into pieces of this many samples whose gradients add up (None: no split); the rollout's
+    and evaluations' forward passes take one observation per env"""
     autocast: Literal["none", "bf16"] = "none"
-    """run the network's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
-    norm_obs: bool = False
-    """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
-    norm_reward: bool = False
-    """scale rewards by the running std of the discounted return"""
-    clip_obs: float = 10.0
-    """clip normalized observations to [-clip, clip]"""
-    clip_reward: float = 10.0
-    """clip scaled rewards to [-clip, clip]"""
-    cudagraphs: bool = False
-    """capture the policy step in a CUDA graph (CUDA only)"""
+    """run the policy's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
     check_args(
         args,
-        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps",
-                  "total_timesteps", "num_minibatches", "update_epochs", "learning_rate", "clip_obs",
-                  "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl"),
+        positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
+                  "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
+                  "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
-        finite=("init_logstd",),
-        may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
+        may_be_inf=("max_grad_norm",),  # no clipping
+        sizes=(),
         minibatches_of=args.num_envs * args.num_steps,
     )  # fmt: skip
-    if args.cudagraphs and pick_device(args.cuda).type != "cuda":
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)")
 
 
-class RunningMeanStd(nn.Module):
-    """Running mean/variance in float64, merged batch by batch with the parallel-variance formula."""
+COMPILE_PAYS_AFTER = 10_000
+"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
+and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
 
-    def __init__(self, shape: tuple[int, ...] = ()):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        if self.mean.numel() == 0:  # observations without float entries: nothing to track
-            return
-        x = x.reshape(-1, *self.mean.shape).double()
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-        self.mean += delta * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
-
-
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
-    layers, last = [], in_dim
-    for h in hidden_sizes:
-        layers += [layer_init(nn.Linear(last, h)), nn.Tanh()]
-        last = h
-    return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
-
-
-class Agent(nn.Module):
-    """An actor and a separate critic (MLPs) on the normalized observation (TensorDict observations: their float
-    entries; images and instructions first go through the shared `PixelEncoder`). The actor is a Gaussian with a
-    state-independent log-std, or a categorical over bins per action entry; over one action [D] or a chunk [K, D]."""
-
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
-        super().__init__()
-        self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        self.obs_rms = RunningMeanStd((state_dim(obs_space),))
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
-        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
-        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
-        act_dim = math.prod(self.action_shape)
-        self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
-        if self.bins:  # one categorical per action entry; the raw action is the bin index
-            self.actor_logits = mlp(features, args.hidden_sizes, act_dim * self.bins, out_std=0.01)
-            low, high = bin_bounds(act_space, self.bins)
-            self.register_buffer("action_low", low)
-            self.register_buffer("action_high", high)
-        else:
-            self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
-            self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
-
-    def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        state = state_vector(obs)  # a plain observation tensor as it is
-        if self.norm_obs:
-            state = (
-                ((state - self.obs_rms.mean) / (self.obs_rms.var + 1e-8).sqrt())
-                .clamp(-self.clip_obs, self.clip_obs)
-                .float()
-            )
-        return state if self.encoder is None else self.encoder(obs, state)
-
-    def _dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
-        if self.bins:
-            return Bins(self.actor_logits(features).view(-1, *self.action_shape, self.bins))
-        mean = self.actor_mean(features).float()  # (float32 also under bf16 autocast)
-        std = self.actor_logstd.expand_as(mean).exp()
-        # validate_args=False: the argument check would cost a host sync on every call
-        shape = (-1, *self.action_shape)
-        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
-
-    def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
-        """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
-        features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1).float()
-
-    def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Distribution:
-        return self._dist(self.features(obs))
-
-    def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1).float()
-
-    def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """What the env gets for a raw action: a Gaussian sample as it is (the env clips), a bin index's centre."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
-
-
-ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the actor's output means
+ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
 def make_agent(envs, args: Args) -> nn.Module:
-    """The built-in `Agent`, or the module that `--policy module:factory` builds from the spaces and args."""
-    if args.policy is None:
-        return Agent(envs.single_observation_space, envs.single_action_space, args)
-    return build_policy(args, envs, needs=("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ()))
+    """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
+    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
+    if args.action_chunk > 1 and not supports_partial_reset(envs):
+        fail(
+            f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
+            "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
+            "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
+        )
+    needs = ("forward", "dist", "get_value", "env_action")
+    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+                        args, needs)  # fmt: skip
 
 
-def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
-    """Sample a raw action (unclipped Gaussian, or bin indices); return it with its log-prob (summed over the
-    action's entries, a chunk's too), V(obs) and the action the env gets."""
+def action_space(envs, args: Args):
+    """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
+    space = envs.single_action_space
+    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+
+
+def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
+    """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
+    (summed over the action's entries), V(obs) and the action the env gets."""
     dist, value = agent(obs)
     action = dist.sample()
     return TensorDict(
@@ -261,11 +193,33 @@ def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     )
 
 
-def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
+def sample_with(dist: torch.distributions.Distribution, generator: torch.Generator) -> torch.Tensor:
+    """A draw from `dist` with `generator` (the evaluator's or a collector's own stream) instead of torch's global
+    one: a Gaussian as mean + stddev * noise, any other distribution by its own `sample(generator=...)` (the VLA's
+    bins)."""
+    if isinstance(dist, torch.distributions.Normal):
+        return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+    return dist.sample(generator=generator)
+
+
+def eval_action(agent: nn.Module, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
     """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator."""
+    from the evaluator's own generator; what the env gets (a chunk [N, K, D] with --action-chunk K > 1)."""
     dist = agent.dist(obs)
-    return agent.env_action(dist.mode if deterministic else sample(dist, generator))
+    return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+
+
+def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
+    """Run one decision, `env_action` [N, K, D]: K actions one by one (`step_chunk`; K = 1, one step). Returns
+    (next_obs, reward, discount, steps, terminated, truncated, info): the decision's reward is the discounted sum of
+    the rewards of the `steps` [N] env steps it ran (an episode that ends inside the chunk stops there), its
+    discount gamma^steps, what `compute_gae` multiplies V(next obs) by."""
+    next_obs, rewards, executed, terminated, truncated, info = step_chunk(envs, env_action)
+    powers = gamma ** torch.arange(env_action.shape[1], device=rewards.device)[:, None]
+    reward = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum inside the chunk
+    steps = executed.sum(0)
+    discount = gamma**steps  # multiplies V(next) in GAE
+    return next_obs, reward, discount, steps, terminated, truncated, info
 
 
 def compute_gae(
@@ -304,7 +258,7 @@ def normalize_advantages(mb: TensorDict) -> TensorDict:
     return mb.set("advantages", (adv - adv.mean()) / (adv.std() + 1e-8))
 
 
-def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
     detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
@@ -333,7 +287,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     return loss, stats
 
 
-def backward_piece(agent: Agent, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
+def backward_piece(agent: nn.Module, piece: TensorDict, args: Args, weight: float) -> tuple[torch.Tensor, TensorDict]:
     """PPO's loss on a piece of a minibatch times `weight` (the piece's share of the minibatch, so that the pieces'
     gradients add up to the minibatch's), backpropagated into the parameters' `.grad`; returns the weighted loss and
     statistics, detached (summed over the pieces they are the minibatch's)."""
@@ -349,33 +303,13 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def scale_rewards(
-    rewards: torch.Tensor,
-    dones: torch.Tensor,
-    trace: torch.Tensor,
-    rms: RunningMeanStd,
-    discounts: torch.Tensor,
-    clip: float,
-) -> torch.Tensor:
-    """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each
-    env's discounted return so far and is updated in place (it restarts after episode ends); `discounts` [T, N]
-    are the decisions' (gamma, or gamma^k for chunks of k steps)."""
-    traces = torch.empty_like(rewards, dtype=torch.float64)
-    for t in range(rewards.shape[0]):
-        trace.mul_(discounts[t]).add_(rewards[t])
-        traces[t] = trace
-        trace.masked_fill_(dones[t], 0.0)
-    rms.update(traces)
-    return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
-
-
 def main(args: Args) -> dict:
     validate(args)
-    ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
+    ckpt, ckpt_flag = load_start(  # it must match the policy and what it sees; on --resume also the env
         args,
-        ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
+        ["ppo_vla", "ppo_vla_ddp"],
+        same=("env_id", "policy", "policy_kwargs", *ACTION_ARGS),
+        resume_same=("num_envs", "num_steps", "learning_rate", "anneal_lr"),  # env state, the LR schedule's base
     )
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)
     minibatch_size = batch_size // args.num_minibatches
@@ -389,7 +323,7 @@ def main(args: Args) -> dict:
     if ckpt is not None:
         load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
     frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = RunLogger("ppo_continuous", args, total_iterations=num_iterations)
+    logger = RunLogger("ppo_vla", args, total_iterations=num_iterations)
     evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
@@ -397,36 +331,25 @@ def main(args: Args) -> dict:
 
     env_seed = stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
     envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
-    params = [p for p in agent.parameters() if p.requires_grad]
+    params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    reward_rms = RunningMeanStd().to(device)
-    reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
-    # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
-    # compiled or graph-captured code then never sees the autograd-tracking module.
-    agent_inference = make_agent(eval_envs, args).to(device)
-    from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compiled = compiler(args.compile, device, updates, logger.write)  # torch.compile, or eager (the identity)
-    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compiled = compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    policy, value_fn = compiled(partial(policy_step, agent)), compiled(agent.get_value)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
-    if args.cudagraphs:
-        from tensordict.nn import CudaGraphModule
-
-        policy, value_fn = CudaGraphModule(policy), CudaGraphModule(value_fn)
 
     global_step, start_iteration = 0, 1
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         load_optimizer(optimizer, ckpt["optimizer"])
-        reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         evaluator.best_key = tuple(ckpt["best_key"])
         note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
-        if ckpt["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces
+        if ckpt["env_state"] is not None:  # else the envs start fresh episodes
             load_env_state_dict(envs, ckpt["env_state"])
             next_obs = from_saved(ckpt["next_obs"], device)
-            reward_trace.copy_(ckpt["reward_trace"])
         set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
@@ -435,13 +358,11 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = {
-            "script": "ppo_continuous",
+            "script": "ppo_vla",
             "args": dataclasses.asdict(args),
             "model": model_state(agent),  # trainable parameters and buffers
             "frozen": frozen,
             "optimizer": optimizer.state_dict(),
-            "reward_rms": reward_rms.state_dict(),
-            "reward_trace": reward_trace,
             "iteration": iteration,
             "global_step": global_step,
             "num_iterations": num_iterations,
@@ -455,19 +376,15 @@ def main(args: Args) -> dict:
         }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
+    decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
     storage = rollout_storage(
         args.num_steps,
         args.num_envs,
         device,
         obs=envs.single_observation_space,
-        action=(envs.single_action_space.shape, torch.float32),
-        logprob=((), torch.float32),
-        value=((), torch.float32),
-        final_value=((), torch.float32),
-        reward=((), torch.float32),
-        discount=((), torch.float32),
-        terminated=((), torch.bool),
-        done=((), torch.bool),
+        action=(action_space(envs, args).shape, torch.float32),
+        **dict.fromkeys(("logprob", "value", "final_value", "reward", "discount"), ((), torch.float32)),
+        **dict.fromkeys(("terminated", "done"), ((), torch.bool)),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     amp = autocast(args.autocast, device)
@@ -492,11 +409,13 @@ def main(args: Args) -> dict:
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
-                    next_obs, reward, terminated, truncated, info = envs.step(out["env_action"])
-                    storage["reward"][step], storage["terminated"][step] = reward, terminated
-                    storage["discount"][step] = info.get("discount", args.gamma)  # gamma^k for a chunk of k steps
+                    next_obs, reward, discount, steps, terminated, truncated, info = step_decision(
+                        envs, out["env_action"].reshape(decision_shape), args.gamma
+                    )
+                    storage["reward"][step], storage["discount"][step] = reward, discount
+                    storage["terminated"][step] = terminated
                     storage["done"][step] = done = terminated | truncated
-                    rollout_stats.add_reward_terms(info)
+                    rollout_stats.add_reward_terms(info, steps)  # (summed over a chunk's steps)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
                         with amp():
                             storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
@@ -510,18 +429,13 @@ def main(args: Args) -> dict:
                 with amp():
                     next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
-                rewards, discounts = storage["reward"], storage["discount"]
-                if args.norm_reward:
-                    rewards = scale_rewards(
-                        rewards, storage["done"], reward_trace, reward_rms, discounts, args.clip_reward
-                    )
                 advantages, returns = compute_gae(
-                    rewards,
+                    storage["reward"],
                     storage["value"],
                     next_values,
                     storage["terminated"],
                     storage["done"],
-                    discounts,
+                    storage["discount"],  # gamma^(env steps the decision ran)
                     args.gae_lambda,
                 )
 
@@ -549,8 +463,6 @@ def main(args: Args) -> dict:
                     update_stats.append(stats)
                 if args.target_kl is not None and epoch_kl and float(torch.stack(epoch_kl).mean()) > args.target_kl:
                     break
-            if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-                agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2))  # float entries only
 
             # ---- logging: one host sync per iteration ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)

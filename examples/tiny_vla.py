@@ -1,7 +1,7 @@
 """A tiny vision-language-action (VLA) policy, wrapped the way you would wrap a real pretrained VLA.
 
     uv run python examples/tiny_vla.py --out tiny_vla.pt --image-size 48     # a "pretrained" file, from scratch
-    uv run python cleanrl_embodied/ppo_async.py --policy examples.tiny_vla:make_policy \\
+    uv run python cleanrl_embodied/ppo_vla_async.py --policy examples.tiny_vla:make_policy \\
         --policy-kwargs '{"model_path": "tiny_vla.pt"}' \\
         --env-kwargs '{"obs_mode": "rgb", "image_size": 48}' --eval-env-kwargs '{"obs_mode": "rgb", "image_size": 48}'
 
@@ -16,7 +16,7 @@ For a real VLA (e.g. a Hugging Face model) you change `make_policy`, not the tra
   head (Gaussian mean, log-std) and value head on its pooled features;
 - turn the observation TensorDict into the model's inputs on the device, as one batch for all envs (its image
   processor, the tokenized instruction computed once), and return `torch.distributions.Normal`-like outputs;
-- mind the latency: at 100 ms a call and more, train with `ppo_async.py`, which steps the envs with an inference
+- mind the latency: at 100 ms a call and more, train with `ppo_vla_async.py`, which steps the envs with an inference
   copy while the learner updates (`charts/policy_staleness`, `charts/learner_wait_s`).
 """
 
@@ -111,6 +111,10 @@ class TinyVLA(nn.Module):
 
     def get_value(self, obs) -> torch.Tensor:
         return self.value(self.features(obs)).squeeze(-1)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What the env gets for a sampled action: the Gaussian sample as it is (the env clips)."""
+        return action
 
 
 def save_pretrained(model: nn.Module, path: str) -> None:

@@ -388,10 +388,7 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
 def test_async_benchmark_end_to_end(tmp_path):
     """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"
-    extra = (
-        "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --hidden-sizes 16 16 "
-        "--num-eval-envs 8 --num-eval-episodes 8"
-    )
+    extra = "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --num-eval-envs 8 --num-eval-episodes 8"
     proc = subprocess.run(
         [
             sys.executable,
@@ -402,6 +399,9 @@ def test_async_benchmark_end_to_end(tmp_path):
             "1",
             "--total-timesteps",
             "2048",
+            "--hidden-sizes",
+            "16",
+            "16",
             f"--extra={extra}",
             "--out",
             str(out),

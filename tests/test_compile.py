@@ -7,6 +7,7 @@ import copy
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from toy_policies import ToyVLA
 
-from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
-from cleanrl_embodied.shared.runtime import COMPILE_PAYS_AFTER, compiler
+from cleanrl_embodied import grpo, grpo_vla, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied.shared.runtime import compiler
 
 REPO = Path(__file__).resolve().parents[1]
-PPO = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async}
+PPO = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async}
 
 
 def _minibatch(n: int, obs_dim: int, act_dim: int, generator: torch.Generator) -> TensorDict:
@@ -31,20 +33,33 @@ def _minibatch(n: int, obs_dim: int, act_dim: int, generator: torch.Generator) -
     )  # fmt: skip
 
 
+def _classic_backward(loss_fn):
+    """The classic PPO trainers' update (no micro-batches): the loss over the whole minibatch, then its backward."""
+
+    def backward(agent, mb: TensorDict, args, weight: float) -> tuple[torch.Tensor, TensorDict]:
+        loss, stats = loss_fn(agent, mb, args)
+        loss.backward()
+        return loss.detach(), stats
+
+    return backward
+
+
 def _update(module, agent, mb: TensorDict, args, compile_fn) -> tuple[torch.Tensor, torch.Tensor]:
-    """One minibatch update with the trainer's own functions (two pieces, so accumulation is compiled too):
-    backward_piece, clip_gradients and the optimizer step, each through ``compile_fn``."""
+    """One minibatch update with the trainer's own functions (with micro-batches in two pieces, so accumulation is
+    compiled too): backward_piece (the classic PPO trainers: ppo_loss, then backward), clip_gradients and the
+    optimizer step, each through ``compile_fn``."""
     params = [p for p in agent.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=torch.tensor(3e-3), eps=1e-5)
-    backward_fn, clip_fn = compile_fn(module.backward_piece), compile_fn(module.clip_gradients)
-    step_fn = compile_fn(optimizer.step)
+    classic = module in (ppo_continuous, ppo_ddp, grpo)  # grpo.py: grpo_loss, then backward
+    loss_fn = module.grpo_loss if module is grpo else getattr(module, "ppo_loss", None)
+    backward_fn = _classic_backward(compile_fn(loss_fn)) if classic else compile_fn(module.backward_piece)
+    clip_fn, step_fn = compile_fn(module.clip_gradients), compile_fn(optimizer.step)
     for _ in range(3):  # three steps, so the optimizer's moments matter
         optimizer.zero_grad(set_to_none=True)
         losses = []
-        for piece in mb.split(mb.shape[0] // 2):
-            if module is grpo:
-                n_alive = mb["mask"].sum().clamp_min(1)
-                losses.append(backward_fn(agent, piece, args, n_alive, piece["mask"].sum() / n_alive)[0])
+        for piece in (mb,) if classic else mb.split(mb.shape[0] // 2):
+            if module is grpo_vla:  # its pieces' shares: of the minibatch's alive samples (or its size, Dr. GRPO)
+                losses.append(backward_fn(agent, piece, args, mb["mask"].sum(), len(mb))[0])
             else:
                 losses.append(backward_fn(agent, piece, args, len(piece) / len(mb))[0])
         norm = clip_fn(params, args.max_grad_norm)
@@ -52,14 +67,15 @@ def _update(module, agent, mb: TensorDict, args, compile_fn) -> tuple[torch.Tens
     return sum(losses), norm
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"])
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo", "grpo_vla"])
 def test_compiled_and_eager_updates_agree_on_the_same_minibatch(name):
-    module = {**PPO, "grpo": grpo}[name]
+    module = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla}[name]
     obs_space = gym.spaces.Box(-np.inf, np.inf, (11,), np.float32)
     act_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    args = module.Args(hidden_sizes=(32, 32), max_grad_norm=0.5)
+    vla = "hidden_sizes" not in module.Args.__dataclass_fields__  # a VLA trainer: the policy is toy_policies' ToyVLA
+    args = module.Args(max_grad_norm=0.5) if vla else module.Args(hidden_sizes=(32, 32), max_grad_norm=0.5)
     torch.manual_seed(0)
-    make = module.Agent if hasattr(module, "Agent") else module.Actor
+    make = partial(ToyVLA, hidden=32) if vla else module.Agent if hasattr(module, "Agent") else module.Actor
     eager_agent = make(obs_space, act_space, args)
     compiled_agent = copy.deepcopy(eager_agent)
     initial = copy.deepcopy(eager_agent.state_dict())
@@ -73,16 +89,36 @@ def test_compiled_and_eager_updates_agree_on_the_same_minibatch(name):
     assert any((value - initial[key]).abs().max() > 1e-4 for key, value in eager_agent.state_dict().items())
 
 
-def test_auto_compiles_only_runs_long_enough_to_pay():
+def test_the_compiler_compiles_only_when_enabled():
     said = []
     cpu = torch.device("cpu")
     fn = lambda x: x + 1  # noqa: E731
-    assert compiler("off", cpu, 10**9, said.append)(fn) is fn
-    assert compiler("auto", cpu, COMPILE_PAYS_AFTER - 1, said.append)(fn) is fn
-    long_run = compiler("auto", cpu, COMPILE_PAYS_AFTER, said.append)(fn)
-    assert long_run is not fn and long_run(torch.ones(2)).tolist() == [2.0, 2.0]
-    assert compiler("on", cpu, 1, said.append)(fn) is not fn
+    assert compiler(False, cpu, said.append)(fn) is fn
+    compiled = compiler(True, cpu, said.append)(fn)
+    assert compiled is not fn and compiled(torch.ones(2)).tolist() == [2.0, 2.0]
     assert said == []
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo_vla"])
+@pytest.mark.parametrize(
+    "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
+)
+def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name, setting, pays_after, enabled):
+    """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
+    2 epochs x 2 minibatches = 12); on always, off never."""
+    module, asked = {**PPO, "grpo_vla": grpo_vla}[name], []
+    vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module is grpo_vla else {})}
+    assert module.COMPILE_PAYS_AFTER == 10_000
+    monkeypatch.setattr(module, "COMPILE_PAYS_AFTER", pays_after)
+    monkeypatch.setattr(module, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
+    module.main(
+        module.Args(
+            num_envs=4, num_steps=4, num_minibatches=2, update_epochs=2, total_timesteps=3 * 16, eval_freq=0,
+            save_freq=0, num_eval_envs=2, num_eval_episodes=2, cuda=False, compile=setting, output_dir=str(tmp_path),
+            **(vla if "hidden_sizes" not in module.Args.__dataclass_fields__ else {"hidden_sizes": (8,)}),
+        )
+    )  # fmt: skip
+    assert asked == [enabled]
 
 
 def test_where_compiling_does_not_work_the_run_says_so_and_trains_eager(tmp_path):
@@ -97,7 +133,8 @@ def test_where_compiling_does_not_work_the_run_says_so_and_trains_eager(tmp_path
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "torch.compile does not work here" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: --compile on:"), warnings
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("warning: --compile: torch.compile does not work here ("), warnings
     assert "done: global_step=64" in proc.stdout
 
 

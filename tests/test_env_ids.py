@@ -174,7 +174,7 @@ def test_grpo_trains_on_a_module_env_id(tmp_path):
     assert Path(out["run_dir"]).name.startswith("PointReach-v0__")
 
 
-@pytest.mark.parametrize("script", ["ppo_continuous", "grpo", "ppo_ddp", "ppo_async"])
+@pytest.mark.parametrize("script", ["ppo_continuous", "grpo", "ppo_ddp", "ppo_vla_async", "grpo_vla"])
 def test_every_trainer_refuses_an_unimportable_module_in_one_line(tmp_path, script):
     trainer = importlib.import_module(f"cleanrl_embodied.{script}")
     with pytest.raises(SystemExit) as e:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import toy_policies
 
-TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"]
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"]
 TINY = dict(
     num_envs=4,
     num_steps=2,
@@ -28,7 +28,10 @@ BATCH = 4 * 2
 def args_for(name: str, tmp_path: Path, **overrides):
     module = importlib.import_module(f"cleanrl_embodied.{name}")
     extra = {"group_size": 2} if name == "grpo" else {}
-    return module, module.Args(output_dir=str(tmp_path), **{**TINY, **extra, **overrides})
+    config = {**TINY, **extra, **overrides}
+    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the policy is toy_policies' ToyVLA
+        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
+    return module, module.Args(output_dir=str(tmp_path), **config)
 
 
 def checkpoints(out: dict) -> Path:
@@ -70,14 +73,15 @@ def test_evaluating_every_iteration_changes_nothing_about_training(tmp_path, nam
     with the same weights, bit for bit, as one that never evaluates before the end: evaluations draw from their
     own random streams and leave the observation normalizer (--norm-obs, part of the weights) as it was."""
     common = dict(total_timesteps=4 * 8 * 10, num_envs=8, num_steps=10, eval_deterministic=False, save_freq=0)
-    if name != "grpo":
+    normalizes = "norm_obs" in importlib.import_module(f"cleanrl_embodied.{name}").Args.__dataclass_fields__
+    if normalizes:  # (grpo and the VLA trainers have no normalizer)
         common.update(norm_obs=True, norm_reward=True)
     runs = {}
     for eval_freq in (1, 0):
         module, args = args_for(name, tmp_path / str(eval_freq), eval_freq=eval_freq, **common)
         runs[eval_freq] = module.main(args)
     evaluated, plain = (torch.load(checkpoints(runs[f]) / "last.pt", weights_only=True)["model"] for f in (1, 0))
-    if name != "grpo":
+    if normalizes:
         assert evaluated["obs_rms.count"] > 1  # the normalizer did learn during training
     for key, value in plain.items():
         assert torch.equal(evaluated[key], value), key

@@ -10,19 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied import grpo, grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp
 from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async, "grpo": grpo}
+SCRIPTS = {"ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp, "ppo_vla_async": ppo_vla_async, "grpo_vla": grpo_vla,
+           "grpo": grpo}  # fmt: skip
 WIDTH = 128  # the toy frozen backbone: WIDTH x WIDTH weights and WIDTH biases, never trained
 
 
 def tiny(name: str, out: Path, **kw):
-    extra = {"group_size": 2} if name == "grpo" else {}
+    extra = {"group_size": 2} if name.startswith("grpo") else {}
+    extra.update({"hidden_sizes": (16,)} if name == "grpo" else {})  # (the VLA trainers': toy_policies.ToyVLA)
     common = dict(
         env_id="PushCubeRL", seed=1, num_envs=4, num_steps=4, num_minibatches=2, update_epochs=1,
         total_timesteps=4 * 4 * 4, eval_freq=0, save_freq=2, num_eval_envs=2, num_eval_episodes=2,
-        hidden_sizes=(16,), output_dir=str(out), cuda=False, policy="toy_policies:frozen_backbone",
+        output_dir=str(out), cuda=False, policy="toy_policies:frozen_backbone",
         policy_kwargs=json.dumps({"width": WIDTH}),
     )  # fmt: skip
     return SCRIPTS[name].Args(**{**common, **extra, **kw})
@@ -34,7 +36,7 @@ def run(name: str, out: Path, **kw) -> dict:
     return {"run_dir": run_dir, "last": torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)}
 
 
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", ["ppo_vla", "ppo_vla_ddp", "ppo_vla_async", "grpo_vla"])
 def test_checkpoints_hold_what_trains_and_resume_bit_identically(name, tmp_path):
     straight = run(name, tmp_path / "a")
     ckpt = straight["last"]
@@ -53,7 +55,7 @@ def test_checkpoints_hold_what_trains_and_resume_bit_identically(name, tmp_path)
         assert torch.equal(value, resumed["last"]["model"][key]), key
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "grpo"])
+@pytest.mark.parametrize("name", ["ppo_vla", "grpo_vla"])
 def test_a_checkpoint_never_serves_another_frozen_backbone(name, tmp_path):
     """The toy backbone is drawn from the run's torch stream: another --seed builds another one, which a
     checkpoint of seed 1 must refuse in one line (its trained part was learnt on top of seed 1's backbone)."""

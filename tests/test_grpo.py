@@ -494,6 +494,20 @@ def test_compiled_functions_agree_with_eager():
         torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
+)
+def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, setting, pays_after, enabled):
+    """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
+    2 epochs x 2 minibatches = 12); on always, off never."""
+    asked = []
+    assert grpo.COMPILE_PAYS_AFTER == 10_000
+    monkeypatch.setattr(grpo, "COMPILE_PAYS_AFTER", pays_after)
+    monkeypatch.setattr(grpo, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
+    main(tiny_args(tmp_path, num_steps=4, total_timesteps=3 * 8 * 4, eval_freq=0, save_freq=0, compile=setting))
+    assert asked == [enabled]
+
+
 def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     """A ppo_continuous checkpoint (actor + critic) -> the reference policy and the initial policy."""
     from cleanrl_embodied import ppo_continuous as ppo
@@ -524,6 +538,11 @@ def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     with pytest.raises(SystemExit) as excinfo:
         main(tiny_args(tmp_path, ref_checkpoint=str(path)))
     assert "--norm-obs" in one_line_exit(excinfo)
+    ppo_ckpt["args"].update(norm_obs=False, action_chunk=4)  # the old ppo_continuous.py's chunks: a VLA's now
+    torch.save(ppo_ckpt, path)
+    with pytest.raises(SystemExit) as excinfo:
+        main(tiny_args(tmp_path, ref_checkpoint=str(path)))
+    assert "--action-chunk 4" in one_line_exit(excinfo) and "grpo_vla.py" in str(excinfo.value.code)
 
 
 @pytest.mark.parametrize("advantage", ["step", "episode"])
@@ -586,3 +605,104 @@ def test_a_diverged_run_stops_with_the_ppo_scripts_line(tmp_path):
         "error: 3 optimizer steps in a row had a non-finite loss or gradient (last "
         "at global step 400); lower --learning-rate or check the env"
     )
+
+
+def test_old_checkpoints_load_unless_they_used_what_grpo_vla_trains_now(tmp_path):
+    """A checkpoint written before the VLA trainers split off (issue 37) holds the flags of token bins, action chunks,
+    micro-batches and autocast in its args, and a fingerprint of frozen weights: a Gaussian one resumes and
+    evaluates; one with --action-head bins or --action-chunk > 1 is refused in one line naming grpo_vla.py, whether
+    it is resumed, evaluated or the KL reference."""
+    first = main(tiny_args(tmp_path / "a", total_timesteps=8 * 50))
+    ckpt = torch.load(first["checkpoint"], weights_only=True)
+    ckpt["args"].update(action_head="gaussian", action_bins=256, action_chunk=1, micro_batch_size=None, autocast="none")
+    ckpt["frozen"] = ""  # grpo.py's built-in actor froze nothing
+    old = tmp_path / "old.pt"
+    torch.save(ckpt, old)
+    assert main(tiny_args(tmp_path / "b", total_timesteps=2 * 8 * 50, resume=str(old)))["global_step"] == 2 * 8 * 50
+    assert main(tiny_args(tmp_path / "c", eval_checkpoint=str(old)))["eval"]["episodic_length"] > 0
+    for vla in ({"action_head": "bins"}, {"action_chunk": 4}):
+        torch.save({**ckpt, "args": {**ckpt["args"], **vla}}, old)
+        for flag_name in ("resume", "eval_checkpoint", "ref_checkpoint"):
+            with pytest.raises(SystemExit) as excinfo:
+                main(tiny_args(tmp_path / "d", **{flag_name: str(old)}))
+            msg = one_line_exit(excinfo)
+            assert f"--{flag_name.replace('_', '-')} {old}" in msg and "grpo_vla.py" in msg, msg
+            assert f"--{next(iter(vla)).replace('_', '-')} {next(iter(vla.values()))}" in msg, msg
+    assert not (tmp_path / "d").exists()  # refused before anything was built
+
+
+# ---------------------------------------------------------------------------------------------
+# Token bins, action chunks, micro-batches and bf16 autocast: grpo_vla.py's since issue 37 (these ran through
+# grpo.py in tests/test_language_and_heads.py before), with a toy VLA (toy_policies.ToyVLA)
+# ---------------------------------------------------------------------------------------------
+def vla_args(tmp_path: Path, env_id: str = "PushCubeLangRL", **kw):
+    from cleanrl_embodied import grpo_vla
+
+    common = dict(
+        env_id=env_id, seed=1, num_envs=8, group_size=4, num_steps=4, num_minibatches=2, total_timesteps=8 * 4 * 2,
+        eval_freq=0, save_freq=0, num_eval_envs=2, num_eval_episodes=2, output_dir=str(tmp_path), cuda=False,
+        policy="toy_policies:ToyVLA",
+    )  # fmt: skip
+    if env_id == "tests.envs_for_tests:PointReach-v0":
+        common["action_bins"] = 16
+    return grpo_vla.Args(**{**common, **kw})
+
+
+def vla_train(args) -> dict:
+    from cleanrl_embodied import grpo_vla
+
+    grpo_vla.main(args)
+    (run,) = [p for p in Path(args.output_dir).iterdir() if p.is_dir()]
+    return json.loads((run / "summary.json").read_text()) | {"run_dir": str(run)}
+
+
+VLA_HEADS = {"bins": {"action_head": "bins"}, "chunk": {"action_chunk": 4}}
+
+
+@pytest.mark.parametrize("env_id", ["PushCubeLangRL", "tests.envs_for_tests:PointReach-v0"])
+@pytest.mark.parametrize("head", list(VLA_HEADS))
+def test_grpo_vla_trains_bins_and_chunks_and_the_first_minibatch_has_ratio_one(head, env_id, tmp_path):
+    """One iteration, one epoch, one minibatch (the whole rollout): the update's first (and only) minibatch sees
+    the behaviour policy itself, so ratio = 1 for every sample, whatever the head."""
+    chunk = VLA_HEADS[head].get("action_chunk", 1)
+    kw = dict(VLA_HEADS[head], update_epochs=1, num_minibatches=1, total_timesteps=8 * 4 * chunk)
+    summary = vla_train(vla_args(tmp_path, env_id, **kw))
+    assert summary["global_step"] == 8 * 4 * chunk
+    train = summary["train"]
+    assert abs(train["losses/approx_kl"]) < 1e-6 and train["losses/clipfrac"] == 0.0, train
+    assert abs(train["losses/old_approx_kl"]) < 1e-5
+    assert summary["eval"]["episodic_return"] is not None
+
+
+def test_grpo_vla_micro_batches_give_the_unsplit_update(tmp_path):
+    """fp32: minibatches of 16 in pieces of 5 (5 + 5 + 5 + 1) take the same optimizer steps as in one piece (and
+    another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: grpo_vla.py's
+    rollout also acts in pieces, which would draw other samples from the same random stream."""
+    models = []
+    for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+        common = dict(num_envs=4, group_size=2, num_minibatches=1, total_timesteps=4 * 4 * 2, update_epochs=4)
+        summary = vla_train(vla_args(tmp_path / name, target_kl=None, **common, **kw))
+        assert summary["train"]["charts/skipped_updates"] == 0
+        models.append(torch.load(Path(summary["checkpoint"]), weights_only=True)["model"])
+    whole, pieces, other = models
+    for key, value in whole.items():
+        assert torch.allclose(value.float(), pieces[key].float(), atol=1e-6, rtol=1e-5), key
+    assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
+
+
+def test_grpo_vla_bf16_autocast_trains_and_is_recorded(tmp_path):
+    summary = vla_train(vla_args(tmp_path, autocast="bf16", micro_batch_size=7))
+    assert summary["args"]["autocast"] == "bf16" and summary["args"]["micro_batch_size"] == 7
+    assert np.isfinite(summary["train"]["losses/policy_loss"])
+    model = torch.load(Path(summary["checkpoint"]), weights_only=True)["model"]
+    assert all(v.dtype in (torch.float32, torch.float64, torch.int64) for v in model.values())  # fp32 weights
+
+
+def test_grpo_vla_returns_to_go_per_decision_match_hand_computation():
+    """Two decisions of one env, chunks of 4 with gamma 0.5: rewards 3.25 (the chunk ran all 4 steps: the return
+    after it is discounted by 0.5^4) then 8 (its episode ended: no return after it)."""
+    from cleanrl_embodied import grpo_vla
+
+    rewards, dones = torch.tensor([[3.25], [8.0]]), torch.tensor([[False], [True]])
+    returns = grpo_vla.decision_returns_to_go(rewards, dones, torch.tensor([[0.0625], [0.25]]))
+    assert torch.allclose(returns.flatten(), torch.tensor([3.25 + 0.0625 * 8, 8.0]))

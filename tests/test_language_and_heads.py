@@ -12,16 +12,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
-from cleanrl_embodied.shared.actions import Bins, decode_bins, sample
-from cleanrl_embodied.shared.envs.chunks import ActionChunks
 from cleanrl_embodied.shared.envs.push_cube import OBS_GOAL_CENTRE_COLOR, OBS_GOAL_REGION_COLOR, TASKS
 from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.language import decode_instructions, encode_instructions
-from tests.instructed_envs import TARGETS, counting_env
+from tests.instructed_envs import TARGETS
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async, "grpo": grpo}
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
 
 
 # ---- instructions ----------------------------------------------------------------------------------------------
@@ -126,73 +124,6 @@ def test_a_policy_deaf_to_the_instruction_stays_at_chance():
     assert 0.15 <= overall <= 0.35
 
 
-# ---- action chunks --------------------------------------------------------------------------------------------
-def test_chunks_cross_a_termination_and_a_truncation_step_by_step():
-    """Chunks of 4 with gamma 0.5 on envs whose k-th step in an episode earns k: env 0 terminates at its 2nd step,
-    env 1 is truncated at its 6th, env 2 terminates exactly at the chunk's end (its 4th step)."""
-    raw = counting_env(terminate_at=[2, 0, 4], max_steps=6)
-    env = ActionChunks(raw, 4, gamma=0.5)
-    assert env.single_action_space.shape == (4, 1)
-    obs, _ = env.reset()
-    first = torch.tensor([[[10.0], [11.0], [12.0], [13.0]]]).expand(3, 4, 1)
-    obs, reward, terminated, truncated, info = env.step(first)
-    assert torch.allclose(reward, torch.tensor([1 + 0.5 * 2, 1 + 0.5 * 2 + 0.25 * 3 + 0.125 * 4, 3.25]))
-    assert torch.allclose(info["discount"], torch.tensor([0.25, 0.0625, 0.0625]))  # gamma^(steps executed)
-    assert terminated.tolist() == [True, False, True] and truncated.tolist() == [False, False, False]
-    assert info["final_obs"][0].tolist() == [2.0, 0.0] and info["final_obs"][2].tolist() == [4.0, 0.0]
-    assert info["_episode"].tolist() == [True, False, True]
-    assert info["episode"]["r"][0] == 3 and info["episode"]["l"][0] == 2  # undiscounted, steps 1 and 2 only
-    assert torch.allclose(info["rewards"]["count"], reward)  # the terms still add up to the reward
-    # env 0's episode ended after two actions: the other two went to a throwaway continuation (episode 1, which
-    # ended too, at its own 2nd step), and the next decision starts a fresh episode 3 from a partial reset; env 2
-    # ended at the chunk's end and simply goes on with episode 1.
-    assert raw.env.received[0] == [(0, 10.0), (0, 11.0), (1, 12.0), (1, 13.0)]
-    assert obs.tolist() == [[0.0, 3.0], [4.0, 0.0], [0.0, 1.0]]
-
-    second = torch.tensor([[[20.0], [21.0], [22.0], [23.0]]]).expand(3, 4, 1)
-    obs, reward, terminated, truncated, info = env.step(second)
-    assert torch.allclose(reward, torch.tensor([1 + 0.5 * 2, 5 + 0.5 * 6, 3.25]))
-    assert truncated.tolist() == [False, True, False] and terminated.tolist() == [True, False, True]
-    assert info["final_obs"][1].tolist() == [6.0, 0.0] and torch.allclose(info["discount"][1], torch.tensor(0.25))
-    assert info["episode"]["r"].tolist()[:2] == [3.0, 21.0] and info["episode"]["l"].tolist()[:2] == [2, 6]
-    assert [a for e, a in raw.env.received[0] if e == 3] == [20.0, 21.0]  # the new episode got its own actions only
-    assert all(e < 3 for e, a in raw.env.received[0] if a < 20)
-
-
-def test_gae_per_decision_matches_hand_computation():
-    """Two decisions of env 1 above: rewards 3.25 then 8 (truncated, bootstrap V(final obs) = 5 with gamma^2)."""
-    rewards, values = torch.tensor([[3.25], [8.0]]), torch.tensor([[1.0], [2.0]])
-    next_values = torch.tensor([[2.0], [5.0]])
-    terminated, dones = torch.tensor([[False], [False]]), torch.tensor([[False], [True]])
-    discounts = torch.tensor([[0.0625], [0.25]])
-    for script in (ppo_continuous, ppo_ddp, ppo_async):
-        adv, ret = script.compute_gae(rewards, values, next_values, terminated, dones, discounts, 0.9)
-        a1 = 8 + 0.25 * 5 - 2
-        a0 = 3.25 + 0.0625 * 2 - 1 + 0.0625 * 0.9 * a1
-        assert torch.allclose(adv.flatten(), torch.tensor([a0, a1])) and torch.allclose(ret, adv + values)
-    returns = grpo.returns_to_go(rewards, torch.tensor([[False], [True]]), discounts)
-    assert torch.allclose(returns.flatten(), torch.tensor([3.25 + 0.0625 * 8, 8.0]))
-
-
-# ---- heads ----------------------------------------------------------------------------------------------------
-def test_bins_decode_to_centres_inside_the_bounds():
-    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 10.0])
-    index = torch.tensor([[0.0, 0.0], [255.0, 255.0], [127.0, 128.0]])
-    values = decode_bins(index, low, high, 256)
-    assert (values > low).all() and (values < high).all()
-    assert torch.allclose(values[0], low + (high - low) / 512) and torch.allclose(values[1], high - (high - low) / 512)
-    logits = torch.randn(5, 4, 3, 7)
-    dist = Bins(logits)
-    assert torch.equal(dist.mode, logits.argmax(-1).float())
-    draws = sample(dist, torch.Generator().manual_seed(0))
-    assert torch.equal(draws, sample(dist, torch.Generator().manual_seed(0)))  # the generator's stream
-    assert ((draws >= 0) & (draws < 7)).all() and torch.equal(draws, draws.round())
-    expected = torch.log_softmax(logits, -1).gather(-1, draws.long().unsqueeze(-1)).squeeze(-1)
-    assert torch.allclose(dist.log_prob(draws), expected)
-    with pytest.raises(NotImplementedError):
-        dist.mean  # noqa: B018 - a categorical has no meaningful mean: evaluation uses the mode
-
-
 def _args(script: str, env_id: str, tmp_path: Path, **kw):
     common = dict(
         env_id=env_id, seed=1, num_envs=8, total_timesteps=8 * 4 * 2, eval_freq=0, save_freq=0, num_eval_envs=2,
@@ -205,6 +136,8 @@ def _args(script: str, env_id: str, tmp_path: Path, **kw):
     if env_id == "Pendulum-v1":
         common["action_bins"] = 16
     common.update(kw)
+    if "hidden_sizes" not in SCRIPTS[script].Args.__dataclass_fields__:  # a VLA trainer: toy_policies' ToyVLA
+        common = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in common.items() if k != "hidden_sizes"}}
     return SCRIPTS[script].Args(**common)
 
 
@@ -218,8 +151,10 @@ HEADS = {"gaussian": {}, "bins": {"action_head": "bins"}, "chunk": {"action_chun
 
 
 @pytest.mark.parametrize("env_id", ["PushCubeLangRL", "tests.envs_for_tests:PointReach-v0"])
-@pytest.mark.parametrize("head", list(HEADS))
-@pytest.mark.parametrize("script", list(SCRIPTS))
+@pytest.mark.parametrize(  # the classic trainers' bins and chunks: the VLA trainers' since issue 37
+    "script, head",  # (tests/test_grpo.py, tests/test_ppo_vla.py)
+    [(s, h) for s in SCRIPTS for h in HEADS if s not in ("grpo", "ppo_continuous", "ppo_ddp") or h == "gaussian"],
+)
 def test_every_trainer_trains_every_head_and_the_first_minibatch_has_ratio_one(script, head, env_id, tmp_path):
     """One iteration, one epoch, one minibatch (the whole rollout): the update's first (and only) minibatch sees
     the behaviour policy itself, so ratio = 1 for every sample, whatever the head."""
@@ -234,12 +169,16 @@ def test_every_trainer_trains_every_head_and_the_first_minibatch_has_ratio_one(s
     assert summary["eval"]["episodic_return"] is not None
 
 
-@pytest.mark.parametrize("script", list(SCRIPTS))
+@pytest.mark.parametrize(  # the VLA trainers' since issue 37: tests/test_grpo.py, tests/test_ppo_vla.py
+    "script", [s for s in SCRIPTS if s not in ("grpo", "ppo_continuous", "ppo_ddp")]
+)
 def test_micro_batches_give_the_unsplit_update(script, tmp_path):
     """fp32: minibatches of 16 in pieces of 5 (5 + 5 + 5 + 1) take the same optimizer steps as in one piece (and
-    another learning rate gives other weights: the updates do move them)."""
+    another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: the rollout
+    also acts in pieces, which would draw other samples from the same random stream."""
     models = []
     for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+        kw.update(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2)
         args = _args(script, "PushCubeLangRL", tmp_path / name, update_epochs=2, target_kl=None, **kw)
         summary = _train(script, args)
         assert summary["train"]["charts/skipped_updates"] == 0
@@ -250,7 +189,9 @@ def test_micro_batches_give_the_unsplit_update(script, tmp_path):
     assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
 
 
-@pytest.mark.parametrize("script", list(SCRIPTS))
+@pytest.mark.parametrize(  # the VLA trainers' since issue 37: tests/test_grpo.py, tests/test_ppo_vla.py
+    "script", [s for s in SCRIPTS if s not in ("grpo", "ppo_continuous", "ppo_ddp")]
+)
 def test_bf16_autocast_trains_and_is_recorded(script, tmp_path):
     summary = _train(script, _args(script, "PushCubeLangRL", tmp_path, autocast="bf16", micro_batch_size=7))
     assert summary["args"]["autocast"] == "bf16" and summary["args"]["micro_batch_size"] == 7
@@ -284,18 +225,5 @@ def test_grpo_filter_groups_logs_the_kept_fraction(tmp_path):
     assert "losses/policy_loss" not in summary["train"]  # nothing to learn from: no update was made
 
 
-def test_checkpoints_from_before_the_action_flags_resume_and_other_heads_are_refused(tmp_path):
-    """A checkpoint written before --action-head/--action-bins/--action-chunk existed ran with their defaults: it
-    resumes; one of another head is refused in one line naming the flag."""
-    summary = _train("ppo_continuous", _args("ppo_continuous", "PushCubeRL", tmp_path / "a", save_freq=1))
-    ckpt = torch.load(summary["checkpoint"], weights_only=True)
-    for key in ("action_head", "action_bins", "action_chunk", "micro_batch_size", "autocast"):
-        del ckpt["args"][key]
-    old = tmp_path / "old.pt"
-    torch.save(ckpt, old)
-    resumed = _train("ppo_continuous", _args("ppo_continuous", "PushCubeRL", tmp_path / "b", resume=str(old),
-                                             total_timesteps=8 * 4 * 3))  # fmt: skip
-    assert resumed["global_step"] == 8 * 4 * 3
-    with pytest.raises(SystemExit) as e:
-        ppo_continuous.main(_args("ppo_continuous", "PushCubeRL", tmp_path / "c", resume=str(old), action_head="bins"))
-    assert "--action-head" in str(e.value.code) and "\n" not in str(e.value.code)
+# Checkpoints of ppo_continuous.py / ppo_ddp.py from before the action flags (and from before the VLA trainers split
+# off, with them): tests/test_ppo_continuous.py::test_old_checkpoints_load_unless_they_used_what_only_the_vla_...

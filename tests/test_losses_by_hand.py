@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 
 CLIP = 0.2
 MU = [0.0, 0.5, -0.3, 0.2]
@@ -71,7 +71,7 @@ def old_logprobs(ratios: list[float]) -> list[float]:
     return [log_normal(a, m, s) - math.log(r) for a, m, s, r in zip(ACTION, MU, SIGMA, ratios)]
 
 
-@pytest.mark.parametrize("module", [ppo_continuous, ppo_ddp, ppo_async], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", [ppo_continuous, ppo_ddp, ppo_vla_async], ids=lambda m: m.__name__.split(".")[-1])
 @pytest.mark.parametrize("norm_adv", [False, True])
 @pytest.mark.parametrize("clip_vloss", [False, True])
 def test_ppo_loss_matches_the_formula_worked_by_hand(module, norm_adv, clip_vloss):

@@ -208,10 +208,8 @@ def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line
 def test_pixel_features_stay_bounded_for_the_tanh_heads():
     """The encoder's image features lie in [-1, 1] (LayerNorm then Tanh), also after weights grow: unbounded
     ReLU features saturated the agents' Tanh heads, which made actor and critic constant over the batch."""
-    from cleanrl_embodied.shared.encoders import PixelEncoder
-
     torch.manual_seed(0)
-    encoder = PixelEncoder(PIXEL_SPACE, state_dim=5)
+    encoder = ppo.PixelEncoder(PIXEL_SPACE, state_dim=5)  # (ppo_ddp.py and grpo.py hold copies of it)
     with torch.no_grad():  # as if a few large updates had blown the conv and linear weights up
         for module in encoder.modules():
             if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):

@@ -374,3 +374,38 @@ def test_capture_video_on_an_env_that_cannot_render_warns_once_and_trains(tmp_pa
     assert out["global_step"] == 320
     assert capsys.readouterr().out.count("cannot render") == 1
     assert not list(Path(out["run_dir"]).glob("videos/*.mp4"))
+
+
+OLD_FLAGS = dict(action_head="gaussian", action_bins=256, action_chunk=1, micro_batch_size=None, autocast="none")
+"""What the args of a checkpoint written before the VLA trainers split off (issue 37) held besides today's flags."""
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "ppo_ddp"])
+def test_old_checkpoints_load_unless_they_used_what_only_the_vla_trainers_have_now(tmp_path, script):
+    """A checkpoint of the old ppo_continuous.py / ppo_ddp.py (its args with the action and update flags, its model
+    with a frozen-weight fingerprint) resumes here when it is a Gaussian one; one written with token bins, action
+    chunks, micro-batches, autocast or FSDP is refused in one line naming the VLA trainer that has them now."""
+    first = ppo.main(tiny_args(tmp_path / "a", save_freq=2))
+    ckpt = torch.load(Path(first["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
+    old = dict(ckpt, script=script, args={**ckpt["args"], **OLD_FLAGS}, frozen="")
+    if script == "ppo_ddp":
+        old.update(world_size=1, other_ranks=[])
+        old["args"]["fsdp"] = False
+    path = tmp_path / "old.pt"
+    torch.save(old, path)
+    resumed = ppo.main(tiny_args(tmp_path / "b", resume=str(path)))
+    assert resumed["global_step"] == first["global_step"] == 320
+    a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (first, resumed))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # it went on where it stopped
+
+    vla = {"ppo_continuous": "ppo_vla.py", "ppo_ddp": "ppo_vla_ddp.py"}[script]
+    cases = [("action_head", "bins"), ("action_chunk", 4), ("micro_batch_size", 7), ("autocast", "bf16")]
+    for key, value in cases + ([("fsdp", True)] if script == "ppo_ddp" else []):
+        torch.save(dict(old, args={**old["args"], key: value}), path)
+        for flag in ("resume", "eval_checkpoint"):
+            with pytest.raises(SystemExit) as e:
+                ppo.main(tiny_args(tmp_path / "c", **{flag: str(path)}))
+            message = str(e.value.code)
+            assert message.startswith(f"error: --{flag.replace('_', '-')} {path}: written by the old {script}.py")
+            assert f"--{key.replace('_', '-')} {value}" in message and vla in message and "\n" not in message
+    assert not list((tmp_path / "c").glob("*/summary.json"))  # refused before any run started

@@ -7,6 +7,7 @@ the gradient-sync check on fixed data, and the run resumed from its middle check
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -187,6 +188,48 @@ def test_world_of_one_without_torchrun_is_ppo_continuous_bit_for_bit(tmp_path):
     assert ours["eval"] == reference["eval"] and ours["global_step"] == 320
     summary = json.loads((Path(ours["run_dir"]) / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["global_step"] == 320
+
+
+def test_ppo_ddp_holds_ppo_continuous_agent_and_checks_as_the_same_code():
+    """Beyond tests/test_copies_identical.py: the Agent, the --policy hook, the refusal of checkpoints that the VLA
+    trainers train now, and the normalizer but for its update (ppo_ddp's merges the batches of every rank)."""
+    ours, theirs = (ast.parse(Path(m.__file__).read_text()) for m in (ppo_continuous, ddp))
+    names = ("Agent", "make_agent", "VLA_ONLY", "refuse_vla_checkpoint", "RunningMeanStd")
+
+    def code(tree: ast.Module) -> dict[str, str]:
+        found = {}
+        for node in tree.body:
+            name = getattr(node, "name", None) or getattr(getattr(node, "targets", [None])[0], "id", None)
+            if name == "RunningMeanStd":
+                node.body = [n for n in node.body if getattr(n, "name", None) != "update"]
+            if name in names:
+                found[name] = ast.dump(node)
+        return found
+
+    assert code(ours) == code(theirs) and len(code(ours)) == len(names)
+
+
+@pytest.mark.parametrize("key, value", [("action_head", "bins"), ("action_chunk", 4), ("fsdp", True)])
+def test_an_old_checkpoint_of_what_the_vla_trainer_has_now_is_one_line_before_any_process_group(
+    tmp_path, monkeypatch, key, value
+):
+    """A checkpoint of the old ppo_ddp.py written with token bins, action chunks or FSDP: ppo_vla_ddp.py trains such
+    policies now (issue 37). The same checkpoint as a Gaussian one resumes (tests/test_ppo_continuous.py)."""
+    first = ddp.main(ddp.Args(output_dir=str(tmp_path / "a"), **dict(TINY, total_timesteps=80)))
+    ckpt = torch.load(Path(first["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    old_args = dict(action_head="gaussian", action_bins=256, action_chunk=1, micro_batch_size=None, autocast="none")
+    path = tmp_path / "old.pt"
+    torch.save(dict(ckpt, frozen="", args={**ckpt["args"], **old_args, "fsdp": False, key: value}), path)
+
+    def too_early(*args, **kwargs):
+        raise AssertionError("a process group was built before the checkpoint was checked")
+
+    monkeypatch.setattr(dist, "init_process_group", too_early)
+    with pytest.raises(SystemExit) as e:
+        ddp.main(ddp.Args(output_dir=str(tmp_path / "b"), resume=str(path), **TINY))
+    message = str(e.value.code)
+    assert message.startswith(f"error: --resume {path}: written by the old ppo_ddp.py with --{key.replace('_', '-')}")
+    assert "ppo_vla_ddp.py" in message and "\n" not in message
 
 
 @pytest.mark.parametrize(

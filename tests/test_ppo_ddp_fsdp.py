@@ -1,9 +1,10 @@
-"""ppo_ddp.py --fsdp: parameters, gradients and optimizer state sharded over two ranks (FSDP2 on CPU with gloo).
+"""ppo_vla_ddp.py --fsdp: parameters, gradients and optimizer state sharded over two ranks (FSDP2 on CPU with gloo).
 
-One torchrun launch (module fixture) runs this file as a script on two ranks (see `worker`): the same short run with
-and without --fsdp (the sharded update must equal the replicated one up to float rounding: FSDP averages the
-gradients in the backward, ppo_ddp's own all-reduce otherwise), then the --fsdp run resumed from its middle
-checkpoint (bit-identical), and a run with a frozen part (a pretrained backbone stand-in) that never trains.
+One torchrun launch (module fixture) runs this file as a script on two ranks (see `worker`): the same short run of a
+small VLA stand-in (toy_policies.ToyVLA: bins, chunks of 2) with and without --fsdp (the sharded update must equal
+the replicated one up to float rounding: FSDP averages the gradients in the backward, ppo_vla_ddp's own all-reduce
+otherwise), then the --fsdp run resumed from its middle checkpoint (bit-identical, starting at the checkpoint's
+iteration + 1), and a run with a frozen part (a pretrained backbone stand-in) that never trains.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cleanrl_embodied import ppo_ddp as ddp
+from cleanrl_embodied import ppo_vla_ddp as ddp
 
 RUN = dict(
-    num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
-    hidden_sizes=(32, 32), cuda=False, total_timesteps=4 * 2 * 80, eval_freq=2, save_freq=2, norm_obs=True,
-    target_kl=None, compile="off",
+    env_id="PushCubeRL", num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4,
+    num_eval_episodes=4, cuda=False, total_timesteps=4 * 2 * 80 * 2, eval_freq=2, save_freq=2, target_kl=None,
+    compile="off", policy="toy_policies:ToyVLA", policy_kwargs=json.dumps({"hidden": 32}), action_head="bins",
+    action_bins=16, action_chunk=2,
 )  # fmt: skip
 
 
@@ -38,7 +40,8 @@ def worker(out_dir: Path) -> None:
     # the sharded run, resumed from its iteration-2 checkpoint
     half_way = next((out_dir / "sharded").iterdir()) / "checkpoints" / "iter_000002.pt"
     ddp.main(ddp.Args(output_dir=str(out_dir / "resumed"), fsdp=True, resume=str(half_way), **RUN))
-    frozen = dict(RUN, policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": 64}))
+    frozen = dict(RUN, policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": 64}), action_chunk=1,
+                  action_head="gaussian")  # fmt: skip
     out = ddp.main(ddp.Args(output_dir=str(out_dir / "frozen"), fsdp=True, **frozen))
     torch.save(out["model"], out_dir / f"frozen_model_{rank}.pt")
     dist.destroy_process_group()
@@ -64,7 +67,7 @@ def test_sharded_training_equals_replicated_training(two_ranks):
     held, total = (int(w) for w in shares[0].split() if w.isdigit())
     assert 0 < held < total  # rank 0 holds a shard, not the whole
     replicated, sharded = last(two_ranks, "replicated"), last(two_ranks, "sharded")
-    assert sharded["global_step"] == replicated["global_step"] == 4 * 2 * 80
+    assert sharded["global_step"] == replicated["global_step"] == 4 * 2 * 80 * 2
     assert sharded["model"].keys() == replicated["model"].keys()
     for key, value in replicated["model"].items():  # whole tensors in the checkpoint, not shards
         assert sharded["model"][key].shape == value.shape, key
@@ -77,7 +80,8 @@ def test_sharded_training_equals_replicated_training(two_ranks):
 
 def test_a_sharded_run_resumes_bit_identically(two_ranks):
     straight, resumed = last(two_ranks, "sharded"), last(two_ranks, "resumed")
-    assert resumed["global_step"] == straight["global_step"]
+    assert resumed["global_step"] == straight["global_step"] and resumed["iteration"] == straight["iteration"] == 4
+    assert "start=3" in (two_ranks / "output.txt").read_text()  # iteration 2's checkpoint: 2 x 8 x 10 x 2 x 2 steps
     for key, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert straight["optimizer"]["state"].keys() == resumed["optimizer"]["state"].keys()

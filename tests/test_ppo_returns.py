@@ -24,7 +24,7 @@ import toy_policies
 
 GAMMA, RADIUS, LIMIT, SCALE, ACTION = 0.9, 0.3, 3, 10.0, 0.1
 N, T, VF_COEF = 8, 8, 0.5
-TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_async"]
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async"]
 
 
 def run(name: str, tmp_path: Path, **overrides) -> dict:
@@ -52,6 +52,8 @@ def run(name: str, tmp_path: Path, **overrides) -> dict:
         output_dir=str(tmp_path),
         cuda=False,
     )
+    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the probe is on toy_policies' ToyVLA
+        del args["hidden_sizes"]
     out = module.main(module.Args(**{**args, **overrides}))
     probe = toy_policies.PROBE
     targets = (probe["value"] - probe["value_grad"] * N * T / VF_COEF).double()  # R per sample, from the gradient
@@ -99,7 +101,7 @@ def test_truncations_bootstrap_from_the_final_obs_and_terminations_not_at_all(tm
     torch.testing.assert_close(got["targets"], expected_targets(got["obs"]), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp"])  # (the VLA trainers do not scale rewards)
 def test_norm_reward_divides_by_the_std_of_returns_that_restart_at_episode_ends(tmp_path, name):
     """--norm-reward: each reward is divided by the running std of the discounted return (no mean shift); the
     return restarts after every episode end; the scale and each env's return so far are in the checkpoint."""

@@ -7,9 +7,9 @@
 5. ``--resume A --eval-checkpoint B`` is refused (it evaluated A and called it B).
 6. ppo_ddp logs ``rewards/<term>`` as a single process would (tested with two ranks in tests/test_ppo_ddp.py).
 7. Independent random streams derived from the run seed.
-8. ppo_async logs no stale losses for a dropped rollout or an iteration whose every step was skipped.
+8. ppo_async (now ppo_vla_async) logs no stale losses for a dropped rollout or an iteration whose steps were skipped.
 9. Images below 36 pixels work with the built-in pixel encoder.
-10. ppo_async snapshots hold only what changes, not frozen weights.
+10. ppo_async (now ppo_vla_async) snapshots hold only what changes, not frozen weights.
 
 Plus: each trainer still resumes a checkpoint written before these changes (tests/fixtures/, made by main).
 """
@@ -25,11 +25,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_async, ppo_continuous, ppo_ddp
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.evaluation import evaluate
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_async": ppo_async, "grpo": grpo}
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
 TINY = dict(
     num_envs=4,
     num_steps=5,
@@ -47,7 +47,10 @@ TINY = dict(
 
 def tiny(name: str, tmp_path: Path, **overrides):
     extra = {"group_size": 2} if name == "grpo" else {}
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **{**TINY, **extra, **overrides})
+    config = {**TINY, **extra, **overrides}
+    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
+        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
+    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
 
 
 def one_line_error(call) -> str:
@@ -129,6 +132,7 @@ PPO_BAD = [
     ({"clip_obs": NAN}, "--clip-obs must be a finite number, got nan"),
 ]
 CASES = [(name, *case) for name in SCRIPTS for case in COMMON_BAD + (PPO_BAD if name != "grpo" else [])]
+CASES = [(n, o, m) for n, o, m in CASES if n != "ppo_vla_async" or not {"init_logstd", "clip_obs"} & set(o)]  # (VLA)
 CASES += [("grpo", {"kl_coef": NAN}, "--kl-coef must be a finite number, got nan")]
 CASES += [("grpo", {"adv_eps": INF}, "--adv-eps must be a finite number, got inf")]
 
@@ -143,7 +147,8 @@ def test_numeric_flags_out_of_range_are_one_line(tmp_path, name, overrides, mess
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_unbounded_clipping_is_still_allowed(name):
     """``inf`` is a meaningful --max-grad-norm (no clipping), as for --clip-obs and --clip-reward."""
-    args = tiny(name, Path("unused"), max_grad_norm=INF, **({} if name == "grpo" else {"clip_obs": INF}))
+    clip_obs = {} if name in ("grpo", "ppo_vla_async") else {"clip_obs": INF}
+    args = tiny(name, Path("unused"), max_grad_norm=INF, **clip_obs)
     SCRIPTS[name].validate(*((args, True) if name == "ppo_ddp" else (args,)))
 
 
@@ -290,11 +295,11 @@ def test_another_observation_layout_is_refused(tmp_path, name):
 
 
 # --------------------------------------------------------------------------- checkpoints written before issue 28
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", [name for name in SCRIPTS if name != "ppo_vla_async"])  # (ppo_async.pt: refused)
 def test_checkpoints_of_the_previous_code_still_resume_and_evaluate(tmp_path, name):
     """tests/fixtures/{name}.pt were written by main before this change (tests/fixtures/make_checkpoints.py): no
-    env record, full ppo_async snapshots, the old random streams. They resume (the env options are checked against
-    the ones in their args) and evaluate."""
+    env record, the old random streams. They resume (the env options are checked against the ones in their args)
+    and evaluate."""
     from tests.fixtures.make_checkpoints import RUNS
 
     path = Path(__file__).parent / "fixtures" / f"{name}.pt"
@@ -336,15 +341,14 @@ ASYNC = dict(
     cuda=False,
     num_eval_envs=2,
     num_eval_episodes=2,
-    hidden_sizes=(8, 8),
     eval_freq=0,
-)
+)  # (the policies are tests/toy_policies.py's, on its ToyVLA)
 
 
 def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(tmp_path):
     # 4 training forwards per iteration (2 epochs x 2 minibatches): the first iteration's steps apply, every later
     # one is skipped (NaN loss)
-    args = ppo_async.Args(
+    args = ppo_vla_async.Args(
         output_dir=str(tmp_path),
         total_timesteps=3 * 80,
         max_staleness=0,
@@ -353,7 +357,7 @@ def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(
         policy="toy_policies:nan_loss_after",
         **ASYNC,
     )
-    out = ppo_async.main(args)
+    out = ppo_vla_async.main(args)
     assert scalar_steps(out["run_dir"], "charts/skipped_updates") == {80: 0.0, 160: 4.0, 240: 8.0}
     for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"):
         assert list(scalar_steps(out["run_dir"], tag)) == [80], tag  # not the first iteration's again
@@ -365,8 +369,8 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
     both collected with the initial policy (the collector runs K = 2 ahead of a slow learner), so after the resume
     with K = 1 rollout 1 is learned from (version 1 -> 2) and rollout 2 is dropped: nothing of rollout 1's update
     may be logged again at rollout 2's step."""
-    first = ppo_async.main(
-        ppo_async.Args(
+    first = ppo_vla_async.main(
+        ppo_vla_async.Args(
             output_dir=str(tmp_path / "a"),
             total_timesteps=4 * 80,
             max_staleness=2,
@@ -379,8 +383,8 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
     path = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
     pending = torch.load(path, weights_only=True)["collector"]["pending"]
     assert [(p["index"], p["version"]) for p in pending][:2] == [(1, 0), (2, 0)]  # precondition (timing)
-    resumed = ppo_async.main(
-        ppo_async.Args(
+    resumed = ppo_vla_async.main(
+        ppo_vla_async.Args(
             output_dir=str(tmp_path / "b"),
             total_timesteps=4 * 80,
             max_staleness=1,
@@ -398,7 +402,7 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
 
 # --------------------------------------------------------------------------- 9. small images
 def test_the_pixel_encoder_takes_images_below_36_pixels():
-    from cleanrl_embodied.shared.encoders import PixelEncoder
+    from cleanrl_embodied.ppo_continuous import PixelEncoder  # (ppo_ddp.py and grpo.py hold copies of it)
 
     for shape in ((3, 8, 8), (3, 20, 40), (3, 35, 35), (1, 36, 36), (3, 64, 64)):
         space = gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, shape, np.uint8)})
@@ -414,7 +418,7 @@ def test_the_pixel_encoder_takes_images_below_36_pixels():
             assert all(torch.equal(a, b) for a, b in zip(encoder.state_dict().values(), big.state_dict().values()))
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_async"])
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp"])  # (the classic trainers' encoder)
 def test_a_trainer_learns_from_16_pixel_images(tmp_path, name):
     kwargs = '{"obs_mode": "rgb", "image_size": 16}'
     out = SCRIPTS[name].main(tiny(name, tmp_path, env_kwargs=kwargs, eval_env_kwargs=kwargs, save_freq=0))
@@ -427,22 +431,23 @@ def nbytes(state: dict) -> int:
 
 
 def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
-    """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers that
-    can update (the observation normalizer's), measured here: exactly what the checkpoint's model holds, and never the
+    """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers (here the
+    bins head's bounds), measured here: exactly what the checkpoint's model holds, and never the
     frozen backbone (256 x 256 + 256 floats, 263 kB), which was copied into every one of the K + 1 snapshots kept
     before; the checkpoint records the backbone's fingerprint instead of its weights."""
-    args = ppo_async.Args(
+    args = ppo_vla_async.Args(
         output_dir=str(tmp_path),
         total_timesteps=3 * 80,
         max_staleness=2,
         save_freq=1,
-        norm_obs=True,
+        action_head="bins",
+        action_bins=8,
         policy="toy_policies:frozen_backbone",
         **ASYNC,
     )
-    out = ppo_async.main(args)
+    out = ppo_vla_async.main(args)
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
-    model = ckpt["model"]  # heads, log-std, normalizer: what changes
+    model = ckpt["model"]  # heads and their buffers: what can change
     assert not any(k.startswith("backbone.") for k in model) and len(ckpt["frozen"]) == 64
     backbone = (256 * 256 + 256) * 4
     assert nbytes(model) < backbone  # (so a snapshot with the backbone would be several times larger)
@@ -451,9 +456,9 @@ def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
         assert set(snapshot) == set(model)
         assert nbytes(snapshot) == nbytes(model)
     # the collector's copy still acts with the learner's whole policy, frozen part included (toy_policies checks
-    # the versions in test_ppo_async); resuming this checkpoint continues the run
-    resumed = ppo_async.main(
-        ppo_async.Args(
+    # the versions in test_ppo_vla_async); resuming this checkpoint continues the run
+    resumed = ppo_vla_async.main(
+        ppo_vla_async.Args(
             **{
                 **vars(args),
                 "output_dir": str(tmp_path / "b"),
@@ -468,18 +473,18 @@ def test_ppo_async_collector_copies_the_frozen_part_once():
     """Unit level: a snapshot copies the trainable parameters and the buffers, not the frozen parameters the
     collector's copy got once; a frozen parameter changed in place (say, by the user) is noticed and copied from
     then on."""
-    args = ppo_async.Args(**{**ASYNC, "num_envs": 2, "hidden_sizes": (8,)})
+    args = ppo_vla_async.Args(**{**ASYNC, "num_envs": 2, "action_head": "bins", "action_bins": 8})
     envs = make_env("PushCubeRL", num_envs=2, seed=0)
     import toy_policies
 
     learner = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
     inference = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
-    collector = ppo_async.Collector(envs, inference, args, total_rollouts=1, device=torch.device("cpu"))
+    collector = ppo_vla_async.Collector(envs, inference, args, total_rollouts=1, device=torch.device("cpu"))
     collector.publish(0, 0, learner)
     assert all(torch.equal(a, b) for a, b in zip(inference.state_dict().values(), learner.state_dict().values()))
     trainable = {k for k, p in learner.named_parameters() if p.requires_grad}
-    trainable |= {k for k, _ in learner.named_buffers()}  # the normalizer's statistics
-    assert set(collector.snapshots[0][1]) == trainable and "obs_rms.mean" in trainable
+    trainable |= {k for k, _ in learner.named_buffers()}  # the bins head's bounds
+    assert set(collector.snapshots[0][1]) == trainable and "action_low" in trainable
     with torch.no_grad():
         learner.backbone.bias.add_(1.0)
     collector.publish(1, 1, learner)

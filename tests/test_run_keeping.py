@@ -132,7 +132,7 @@ def test_the_skip_guard_counts_refusals_and_stops_only_on_a_run_of_them():
     )
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"])
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"])
 def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
     """PushCubeRL reports its weighted reward terms in info["rewards"]; the trainers log each term's mean per env
     step of the iteration. A policy that always acts 0.5 (toy_policies:still) makes the action-rate term
@@ -154,6 +154,8 @@ def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
         "save_freq": 0,
         "output_dir": str(tmp_path),
     }
+    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the probe is on toy_policies' ToyVLA
+        del kwargs["hidden_sizes"]
     out = module.main(module.Args(**kwargs))
     acc = EventAccumulator(out["run_dir"])
     acc.Reload()

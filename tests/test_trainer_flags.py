@@ -16,7 +16,7 @@ from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
-TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_async", "grpo"]
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"]
 TINY = dict(
     num_envs=4,
     num_steps=10,
@@ -34,7 +34,10 @@ TINY = dict(
 def args_for(name: str, tmp_path: Path, **overrides):
     module = importlib.import_module(f"cleanrl_embodied.{name}")
     extra = {"group_size": 2} if name == "grpo" else {}
-    return module, module.Args(output_dir=str(tmp_path), **{**TINY, **extra, **overrides})
+    config = {**TINY, **extra, **overrides}
+    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the policy is toy_policies' ToyVLA
+        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
+    return module, module.Args(output_dir=str(tmp_path), **config)
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "async"])

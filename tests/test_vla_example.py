@@ -1,5 +1,6 @@
-"""examples/tiny_vla.py: the pretrained-file round trip, the factory's space check, training with ppo_async.py
-(resume, --eval-checkpoint), GRPO fine-tuning from its checkpoint with a KL penalty, and a frozen encoder."""
+"""examples/tiny_vla.py: the pretrained-file round trip, the factory's space check, training with ppo_vla_async.py
+(resume, --eval-checkpoint), GRPO fine-tuning from a ppo_continuous.py checkpoint with a KL penalty, and a frozen
+encoder."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_async
+from cleanrl_embodied import grpo, ppo_continuous, ppo_vla_async
 from cleanrl_embodied.shared.checkpoints import frozen_fingerprint
 from examples import tiny_vla
 from examples.tiny_vla import TinyVLA, TinyVLAConfig, load_pretrained, make_policy, save_pretrained
@@ -83,13 +84,13 @@ def pretrained(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def ppo_run(pretrained, tmp_path_factory) -> dict:
     out_dir = tmp_path_factory.mktemp("ppo")
-    args = ppo_async.Args(
+    args = ppo_vla_async.Args(
         **PPO,
         output_dir=str(out_dir),
         total_timesteps=PPO_ITERATIONS * 80,
         policy_kwargs=json.dumps({"model_path": pretrained}),
     )
-    return ppo_async.main(args) | {"args": args}
+    return ppo_vla_async.main(args) | {"args": args}
 
 
 def test_save_load_round_trip_gives_identical_outputs(tmp_path):
@@ -135,7 +136,7 @@ def test_script_writes_a_file_that_names_the_importable_class(tmp_path):
 
 
 def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
-    args = ppo_async.Args()
+    args = ppo_vla_async.Args()
     assert make_policy(*rgb_spaces(), args, model_path=pretrained).config.image_size == (SIZE, SIZE)
     for obs_space, act_space, needle in (
         (*rgb_spaces(size=48), "(3, 36, 36)"),
@@ -159,13 +160,13 @@ def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
         make_policy(gym.spaces.Box(-1, 1, (31,)), rgb_spaces()[1], args)
     assert "'rgb'" in one_line_exit(excinfo)
     with pytest.raises(SystemExit) as excinfo:
-        make_policy(*rgb_spaces(), ppo_async.Args(norm_obs=True))
+        make_policy(*rgb_spaces(), ppo_continuous.Args(norm_obs=True))  # (a classic trainer's flag)
     assert "--norm-obs" in one_line_exit(excinfo)
     # through a trainer: the env's images are 48 x 48, the pretrained model reads 36 x 36
     big = json.dumps({"obs_mode": "rgb", "image_size": 48})
     with pytest.raises(SystemExit) as excinfo:
-        ppo_async.main(
-            ppo_async.Args(
+        ppo_vla_async.main(
+            ppo_vla_async.Args(
                 **{**PPO, "env_kwargs": big, "eval_env_kwargs": big},
                 output_dir=str(tmp_path),
                 policy_kwargs=json.dumps({"model_path": pretrained}),
@@ -174,7 +175,7 @@ def test_factory_rejects_mismatched_spaces_in_one_line(tmp_path, pretrained):
     assert "48" in one_line_exit(excinfo)
 
 
-def test_ppo_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrained, ppo_run):
+def test_ppo_vla_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrained, ppo_run):
     summary = json.loads((Path(ppo_run["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == PPO_ITERATIONS * 80 and summary["dropped_rollouts"] == 0
     logged = scalars(ppo_run["run_dir"])
@@ -188,13 +189,13 @@ def test_ppo_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrai
     assert torch.equal(ckpt["model"]["instruction"], start["instruction"])  # a buffer: fixed
     # --eval-checkpoint rebuilds the policy through the factory and gives the training's final evaluation
     args = ppo_run["args"]
-    ev = ppo_async.main(
-        ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs=args.policy_kwargs, eval_checkpoint=str(last))
+    ev = ppo_vla_async.main(
+        ppo_vla_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs=args.policy_kwargs, eval_checkpoint=str(last))
     )
     assert ev["eval"] == ppo_run["eval"] and ev["global_step"] == PPO_ITERATIONS * 80
     # --resume continues the run for one more iteration
-    res = ppo_async.main(
-        ppo_async.Args(
+    res = ppo_vla_async.main(
+        ppo_vla_async.Args(
             **PPO,
             output_dir=str(tmp_path),
             policy_kwargs=args.policy_kwargs,
@@ -204,11 +205,18 @@ def test_ppo_async_trains_resumes_and_evaluates_the_checkpoint(tmp_path, pretrai
     )
     assert res["global_step"] == (PPO_ITERATIONS + 1) * 80 and len(res["timeline"]) == 1
     with pytest.raises(SystemExit) as excinfo:  # the checkpoint records the policy: another one is refused
-        ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs="{}", eval_checkpoint=str(last)))
+        ppo_vla_async.main(
+            ppo_vla_async.Args(**PPO, output_dir=str(tmp_path), policy_kwargs="{}", eval_checkpoint=str(last))
+        )
     assert "--policy-kwargs" in one_line_exit(excinfo)
 
 
-def test_grpo_fine_tunes_the_ppo_async_checkpoint_with_a_kl_penalty(tmp_path, ppo_run):
+def test_grpo_fine_tunes_a_ppo_checkpoint_with_a_kl_penalty(tmp_path, pretrained):
+    """The classic family: grpo.py with a --ref-checkpoint of ppo_continuous.py, both with the Gaussian tiny VLA."""
+    kwargs = json.dumps({"model_path": pretrained})
+    ppo_run = ppo_continuous.main(ppo_continuous.Args(**PPO, output_dir=str(tmp_path / "ppo"), policy_kwargs=kwargs,
+                                                      total_timesteps=PPO_ITERATIONS * 80))  # fmt: skip
+    ppo_run["args"] = ppo_continuous.Args(policy_kwargs=kwargs)
     ppo_ckpt = Path(ppo_run["run_dir"]) / "checkpoints" / "last.pt"
     args = grpo.Args(
         env_kwargs=ENV_KWARGS,
@@ -233,7 +241,7 @@ def test_grpo_fine_tunes_the_ppo_async_checkpoint_with_a_kl_penalty(tmp_path, pp
     out = grpo.main(args)
     ckpt, reference = torch.load(out["checkpoint"], weights_only=True), torch.load(ppo_ckpt, weights_only=True)
     assert ckpt["args"]["kl_coef"] == 0.02
-    for key, value in reference["model"].items():  # the reference is the ppo_async policy, critic included
+    for key, value in reference["model"].items():  # the reference is the PPO policy, critic included
         assert torch.equal(ckpt["ref_model"][key], value), key
     assert not torch.equal(ckpt["model"]["action_mean.2.weight"], reference["model"]["action_mean.2.weight"])
     kl = scalars(out["run_dir"])["grpo/kl_ref"]
@@ -242,7 +250,9 @@ def test_grpo_fine_tunes_the_ppo_async_checkpoint_with_a_kl_penalty(tmp_path, pp
 
 def test_freeze_encoder_trains_the_heads_only(tmp_path, pretrained, ppo_run):
     kwargs = json.dumps({"model_path": pretrained, "freeze_encoder": True})
-    out = ppo_async.main(ppo_async.Args(**PPO, output_dir=str(tmp_path), total_timesteps=2 * 80, policy_kwargs=kwargs))
+    out = ppo_vla_async.main(
+        ppo_vla_async.Args(**PPO, output_dir=str(tmp_path), total_timesteps=2 * 80, policy_kwargs=kwargs)
+    )
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     start = load_pretrained(pretrained)
     encoder = [k for k in start.state_dict() if k.startswith("encoder.")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import os
 import signal
 import threading
@@ -13,12 +14,110 @@ import time
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from cleanrl_embodied.shared.tensordict_helpers import state_dim, state_vector
+
 
 def _agent_class(args):
-    """The Agent of the trainer these args belong to (ppo_continuous.Args -> ppo_continuous.Agent; grpo.py's Actor).
-    Both are built from (obs_space, act_space, args)."""
+    """The Agent of the trainer these args belong to (ppo_continuous.Args -> ppo_continuous.Agent; grpo.py's Actor);
+    for the VLA trainers, which have no network of their own, `ToyVLA`. All are built from (obs_space, act_space,
+    args)."""
     module = importlib.import_module(type(args).__module__)
-    return getattr(module, "Agent", None) or module.Actor
+    return getattr(module, "Agent", None) or getattr(module, "Actor", None) or ToyVLA
+
+
+def _mlp(in_dim: int, hidden: int, out_dim: int, out_std: float) -> torch.nn.Sequential:
+    last = torch.nn.Linear(hidden, out_dim)
+    torch.nn.init.orthogonal_(last.weight, out_std)
+    torch.nn.init.zeros_(last.bias)
+    return torch.nn.Sequential(torch.nn.Linear(in_dim, hidden), torch.nn.Tanh(), last)
+
+
+class ToyVLA(torch.nn.Module):
+    """A stand-in for a VLA in the VLA trainers' tests (``--policy toy_policies:ToyVLA``), with no transformers in it:
+    Tanh MLPs on the observation's float entries (images and instruction tokens are ignored), an actor over the
+    action space the trainer gives (one action [D], or a chunk [K, D]) that is a Gaussian with a state-independent
+    log-std or, with ``--action-head bins``, examples.hf_vla's `Bins` over ``--action-bins`` bins per entry, and a
+    separate critic. Its parts are named like the classic trainers' Agent (actor_mean, actor_logstd, actor_logits,
+    critic)."""
+
+    def __init__(self, obs_space, act_space, args, hidden: int = 16, init_logstd: float = -0.5):
+        super().__init__()
+        features = state_dim(obs_space)
+        self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
+        entries = math.prod(self.action_shape)
+        self.critic = _mlp(features, hidden, 1, 1.0)
+        if self.bins:
+            from examples.hf_vla.policy import bin_bounds
+
+            self.actor_logits = _mlp(features, hidden, entries * self.bins, 0.01)
+            low, high = bin_bounds(act_space, self.bins)
+            self.register_buffer("action_low", low)
+            self.register_buffer("action_high", high)
+        else:
+            self.actor_mean = _mlp(features, hidden, entries, 0.01)
+            self.actor_logstd = torch.nn.Parameter(torch.full((1, entries), float(init_logstd)))
+        self._built = [copy.deepcopy(self).requires_grad_(False)]  # (a list: not a submodule, not in the state dict)
+
+    def reference_dist(self, obs):
+        """GRPO's KL reference: the policy as built (the same seed builds the same one again on a resume), as a LoRA
+        policy's reference is its base with the adapters off."""
+        built = self._built[0].to(next(self.parameters()).device)
+        return built.dist(obs)
+
+    def _dist(self, state: torch.Tensor) -> torch.distributions.Distribution:
+        if self.bins:
+            from examples.hf_vla.policy import Bins
+
+            return Bins(self.actor_logits(state).view(-1, *self.action_shape, self.bins))
+        mean = self.actor_mean(state).float()
+        std = self.actor_logstd.expand_as(mean).exp()
+        shape = (-1, *self.action_shape)
+        return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
+
+    def forward(self, obs):
+        state = state_vector(obs)
+        return self._dist(state), self.critic(state).squeeze(-1).float()
+
+    def dist(self, obs):
+        return self._dist(state_vector(obs))
+
+    def get_value(self, obs):
+        return self.critic(state_vector(obs)).squeeze(-1).float()
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        if not self.bins:
+            return action
+        from examples.hf_vla.policy import decode_bins
+
+        return decode_bins(action, self.action_low, self.action_high, self.bins)
+
+
+BATCHES: list[tuple[str, int]] = []
+"""(method, rows) of every forward pass of a `batch_sizes` policy: forward, dist, get_value, reference_dist."""
+
+
+def batch_sizes(obs_space, act_space, args):
+    """`ToyVLA` recording the number of observations of each forward pass into `BATCHES` (what --micro-batch-size
+    must bound)."""
+
+    class Counted(ToyVLA):
+        def forward(self, obs):
+            BATCHES.append(("forward", obs.shape[0]))
+            return super().forward(obs)
+
+        def dist(self, obs):
+            BATCHES.append(("dist", obs.shape[0]))
+            return super().dist(obs)
+
+        def get_value(self, obs):
+            BATCHES.append(("get_value", obs.shape[0]))
+            return super().get_value(obs)
+
+        def reference_dist(self, obs):
+            BATCHES.append(("reference_dist", obs.shape[0]))
+            return super().reference_dist(obs)
+
+    return Counted(obs_space, act_space, args)
 
 
 def _with_hook(args, hook, obs_space, act_space):
@@ -164,8 +263,8 @@ class PointMass:
         self.mean, self.stddev, self._tie = mean, torch.zeros_like(mean), 0.0 * anchor.sum()
         self.mode = mean  # what deterministic evaluation acts with
 
-    def sample(self) -> torch.Tensor:
-        return self.mean.clone()
+    def sample(self, sample_shape=(), generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.mean.clone()  # (a generator, as the VLA trainers' `sample_with` passes one, draws nothing)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(action) + self._tie

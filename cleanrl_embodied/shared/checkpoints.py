@@ -47,6 +47,11 @@ be resumed or evaluated with other values. For the built-in tasks (PushCubeRL, P
 every option but these."""
 
 
+SPLIT_OFF = {"ppo_continuous": "ppo_vla", "ppo_ddp": "ppo_vla_ddp", "ppo_async": "ppo_vla_async", "grpo": "grpo_vla"}
+"""The trainers the VLA trainers split off from (issue 37), each with its VLA trainer: a VLA trainer refuses their
+checkpoints, written before the split or by the classic trainer, in one line that says so."""
+
+
 def _plain(value: Any) -> Any:
     """``value`` with tuples as lists and NumPy scalars as Python numbers, nested (what JSON and a saved
     checkpoint give back), so that equal settings compare equal."""
@@ -189,9 +194,16 @@ def load_checkpoint(
         fail(f"{flag(flag_name)} {path}: not a readable checkpoint ({type(e).__name__}: {reason})", show)
     if not isinstance(ckpt, dict) or ckpt.get("script") not in scripts or not isinstance(ckpt.get("args"), dict):
         found = ckpt.get("script") if isinstance(ckpt, dict) else None
+        split = isinstance(found, str) and SPLIT_OFF.get(found) in scripts  # (the VLA trainer's forerunner)
         fail(
             f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)}"
-            + (f" (it is from {found}.py)" if found else ""),
+            + (f" (it is from {found}.py)" if found else "")
+            + (
+                f": a checkpoint of the old {found}.py, from before the VLA trainers split off (issue 37), resumes "
+                f"only with the version of {found}.py that wrote it; retrain with {scripts[0]}.py"
+                if split
+                else ""
+            ),
             show,
         )
     defaults = {f.name: f.default for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else {}

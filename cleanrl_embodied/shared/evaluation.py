@@ -141,6 +141,7 @@ class Evaluator:
                 frames = caption(frames, instruction)
                 self.logger.write(f"video eval_{global_step}: {instruction!r}")
             self.logger.write_video(frames, f"eval_{global_step}", global_step)
+        self.logger.last_eval = result
         key = (result["success_rate"] or 0.0, result["episodic_return"])
         is_best = key > self.best_key
         self.best_key = max(key, self.best_key)

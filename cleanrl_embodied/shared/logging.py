@@ -301,6 +301,8 @@ class RunLogger:
         self.latest: dict[str, float] = {}  # last value logged per scalar name -> summary["train"]
         self._bar: tqdm | None = None
         self._closed = False
+        self.started = time.time()
+        self.global_step, self.last_eval = 0, None  # what summary.json says if the run ends in an error
 
     # -- scalars --------------------------------------------------------------------------------
     def log(self, scalars: Mapping[str, float | int | torch.Tensor], step: int) -> None:
@@ -324,6 +326,7 @@ class RunLogger:
             value = fetched[key] if key in fetched else float(value)
             self.writer.add_scalar(key, value, step)
             self.latest[key] = value
+        self.global_step = max(self.global_step, step)
 
     # -- console --------------------------------------------------------------------------------
     def progress(self, global_step: int, **fields: Any) -> None:
@@ -532,9 +535,24 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """A trainer's ``with ..., logger:`` around its loop and ``finish``: where the run ends in an error (an env
+        that raised, a non-finite observation, an interrupt), summary.json is written with what is known (the last
+        logged step and evaluation, ``last.pt`` if one was written, and the error) and the logger closed; the error
+        goes on. Without an error it only closes (``finish`` has usually done so)."""
+        if exc_type is None or self._closed:
+            self.close()
+            return
+        message = f"{exc_type.__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        if exc_type is SystemExit and exc is not None and exc.code in (0, None):
+            message = None
+        last = self.checkpoint_dir / "last.pt"
+        wall = time.time() - self.started
+        self.write_summary(
+            self.global_step, wall, self.global_step / max(wall, 1e-9), self.last_eval,
+            last if last.is_file() else None, error=message,
+        )  # fmt: skip
         # Ctrl-C is a clean end of a run (docs/runs.md); other exceptions mark the W&B run failed.
-        failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
-        self.close(exit_code=1 if failed else 0)
+        self.close(exit_code=0 if issubclass(exc_type, KeyboardInterrupt) or message is None else 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """A Hugging Face vision-language-action policy: PaliGemma (SigLIP + Gemma) with LoRA adapters, token-bin or
-Gaussian action heads (with action chunks) and a value head, for every trainer's ``--policy`` flag.
+Gaussian action heads (with action chunks) and a value head: the default ``--policy`` of the VLA trainers
+(ppo_vla.py, ppo_vla_ddp.py, ppo_vla_async.py, grpo_vla.py).
 
     uv sync --extra vla
     uv run python examples/hf_vla/bc.py --out runs/vla_bc            # behaviour cloning from the scripted expert
-    uv run python cleanrl_embodied/ppo_continuous.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy \\
+    uv run python cleanrl_embodied/ppo_vla.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy \\
         --policy-kwargs '{"model_path": "runs/vla_bc"}' --action-head bins --action-bins 16 \\
         --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'
 

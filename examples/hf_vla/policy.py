@@ -1,5 +1,6 @@
 """The VLA policy: a transformers vision-language model (PaliGemma: SigLIP + Gemma) with LoRA adapters (peft), action
-heads on its last hidden state, and a value head; the trainers' ``--policy`` contract (docs/POLICIES.md, docs/VLA.md).
+heads on its last hidden state, and a value head; the VLA trainers' ``--policy`` contract (docs/POLICIES.md,
+docs/VLA.md).
 
 One forward pass reads the sequence
 
