@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_embodied.shared.tensordict_helpers import state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import state_dim, float_entries
 
 
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
@@ -51,14 +51,14 @@ class SlowAgent(nn.Module):
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
     def forward(self, obs):  # the sync trainer's rollout (and the loss's) one pass
-        state = state_vector(obs)
+        state = float_entries(obs)
         return self._dist(state), self.critic(state).squeeze(-1)
 
     def dist(self, obs):  # the async collector's and evaluation's
-        return self._dist(state_vector(obs))
+        return self._dist(float_entries(obs))
 
     def get_value(self, obs):
-        return self.critic(state_vector(obs)).squeeze(-1)
+        return self.critic(float_entries(obs)).squeeze(-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         return action  # the env clips

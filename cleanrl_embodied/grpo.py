@@ -30,35 +30,11 @@ import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    load_checkpoint,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.language import VOCAB_SIZE
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import image_spaces, state_dim, state_vector, token_spaces
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy
     exp_name: str = "grpo"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -127,7 +103,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluatio
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(
+    shared.check_args(
         args,
         positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
                   "adv_eps", "gamma", "clip_coef", "max_grad_norm", "target_kl"),
@@ -138,25 +114,9 @@ def validate(args: Args) -> None:
         files=("ref_checkpoint",),
     )  # fmt: skip
     if args.group_size < 2 or args.num_envs % args.group_size:
-        fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
+        shared.fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
     if args.advantage == "episode" and not args.truncate_at_first_done:
-        fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
-
-
-VLA_ONLY = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none", "fsdp": False}
-"""Flags the trainers had before the VLA trainers split off (issue 37), with the one value they may have here."""
-
-
-def refuse_vla_checkpoint(ckpt: dict | None, flag_name: str, path: str | None) -> None:
-    """One line for a checkpoint of the old grpo.py (or, as --ref-checkpoint, of a PPO trainer) written with one of
-    the `VLA_ONLY` flags (token bins, action chunks, micro-batches, autocast, FSDP): grpo_vla.py trains those now."""
-    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY.items() if ckpt and ckpt["args"].get(k, ok) != ok]
-    if used:
-        fail(
-            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
-            "grpo_vla.py has since the VLA trainers split off (issue 37): train such a policy with grpo_vla.py, or "
-            "use this checkpoint with the version that wrote it"
-        )
+        shared.fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -173,31 +133,15 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
-def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-MIN_IMAGE_SIZE = 36
-"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
-
-
-def needs_encoder(space: gym.Space) -> bool:
-    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
-    return bool(image_spaces(space) or token_spaces(space))
-
-
 class InstructionEncoder(nn.Module):
-    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
-    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
-    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+    """Instruction tokens (byte ids and attention mask [B, L], shared/language.py) -> features [B, 64]: byte
+    embeddings, a width-3 convolution (it reads groups of letters), a max over the positions that are not padding."""
 
     def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
-        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
-        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+        self.embed = nn.Embedding(shared.VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = layer_init(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(layer_init(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
 
     def forward(self, tokens: TensorDict) -> torch.Tensor:
         x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
@@ -206,46 +150,30 @@ class InstructionEncoder(nn.Module):
 
 
 class PixelEncoder(nn.Module):
-    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
-    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
-    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
-    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
-    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
-    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
-    those of a 36-pixel image.
+    """TensorDict observations -> one feature vector per row: each uint8 image [C, H, W] through NatureCNN's three
+    convolutions (zero-padded to 36 pixels if smaller) and a bounded projection (Linear, LayerNorm, Tanh: unbounded
+    ReLU features saturated the Tanh heads on RGB PushCubeRL), each instruction through an `InstructionEncoder`,
+    concatenated with the normalized float entries `state`."""
 
-    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
-    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
-    over the batch and two of three seeds never learned RGB PushCubeRL."""
-
-    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+    def __init__(self, obs_space: gym.spaces.Dict, num_floats: int, features: int = 256):
         super().__init__()
-        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
-        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
-            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+        self.keys, self.cnns, self.paddings = list(shared.image_spaces(obs_space)), nn.ModuleList(), []
+        for channels, height, width in (box.shape for box in shared.image_spaces(obs_space).values()):
+            pad_h, pad_w = max(36 - height, 0), max(36 - width, 0)
             self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
-            height, width = height + pad_h, width + pad_w
-            convs = nn.Sequential(
-                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
-                nn.ReLU(),
-                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
-            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            convs = [nn.Conv2d(channels, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2), nn.Conv2d(64, 64, 3)]
+            cnn = nn.Sequential(*(m for conv in convs for m in (layer_init(conv), nn.ReLU())), nn.Flatten())
+            flat = cnn(torch.zeros(1, channels, height + pad_h, width + pad_w)).shape[1]
             self.cnns.append(
-                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+                nn.Sequential(cnn, layer_init(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
             )
-        self.text_keys = list(token_spaces(obs_space))
+        self.text_keys = list(shared.token_spaces(obs_space))
         self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
-        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + num_floats
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
         images = [
-            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
-            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+            cnn(F.pad(obs.get(key).float() / 255.0, pad)) for key, cnn, pad in zip(self.keys, self.cnns, self.paddings)
         ]
         texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
         return torch.cat([*images, *texts, state], -1)
@@ -257,14 +185,18 @@ class Actor(nn.Module):
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
-        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
+        num_floats, pixels_or_text = (
+            shared.state_dim(obs_space),
+            shared.image_spaces(obs_space) or shared.token_spaces(obs_space),
+        )
+        self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
+        features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
         self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
-        state = state_vector(obs)  # a plain observation tensor as it is
+        state = shared.float_entries(obs)  # a plain observation tensor as it is
         mean = self.actor_mean(state if self.encoder is None else self.encoder(obs, state))
         std = self.actor_logstd.expand_as(mean).exp()
         # validate_args=False: the argument check would cost a host sync on every call
@@ -388,10 +320,10 @@ def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
     try:
         return envs.reset(
-            seed=stream_seed(args.seed, "group_resets", iteration), options={"group_size": args.group_size}
+            seed=shared.stream_seed(args.seed, "group_resets", iteration), options={"group_size": args.group_size}
         )
     except ValueError as e:
-        fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
+        shared.fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
 COMPILE_PAYS_AFTER = 10_000
@@ -401,75 +333,87 @@ COMPILE_PAYS_AFTER = 10_000
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "hidden_sizes", "policy", "policy_kwargs")  # the network and what it sees
-    ckpt, ckpt_flag = load_start(args, ["grpo"], same, ("num_envs", "group_size", "learning_rate", "anneal_lr"))
+    env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    flags = dataclasses.asdict(args)
+    same = {k: flags[k] for k in ("hidden_sizes", "policy", "policy_kwargs")}  # the network and what it sees
+    resume_same = {k: flags[k] for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}
+    ckpt, ckpt_flag, ckpt_path = shared.load_start(args.resume, args.eval_checkpoint, ["grpo"], env_options, same,
+                                                   resume_same)  # fmt: skip
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
-    ref_ckpt = args.ref_checkpoint and load_checkpoint(args.ref_checkpoint, "ref_checkpoint", ref_scripts, args, same)
-    refuse_vla_checkpoint(ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    refuse_vla_checkpoint(ref_ckpt, "ref_checkpoint", args.ref_checkpoint)
+    ref_ckpt = args.ref_checkpoint and shared.load_checkpoint(
+        args.ref_checkpoint, "ref_checkpoint", ref_scripts, same, env_options
+    )
     if ref_ckpt and ref_ckpt["args"].get("norm_obs"):
-        fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
-    seed_everything(args.seed, args.torch_deterministic)
-    device = pick_device(args.cuda)
+        shared.fail(f"--ref-checkpoint {args.ref_checkpoint}: trained with --norm-obs, which grpo.py does not have")
+    shared.seed_everything(args.seed, args.torch_deterministic)
+    device = shared.pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
+    eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
+    obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
     spaces = (eval_envs.single_observation_space, eval_envs.single_action_space)
     if args.policy is None:
         actor = Actor(*spaces, args).to(device)
     else:  # its `dist(obs)` is a Gaussian per action entry; it may keep its own KL reference (`reference_dist`)
-        actor = build_policy(args.policy, args.policy_kwargs, *spaces, args, needs=("dist",)).to(device)
+        actor = shared.build_policy(args.policy, args.policy_kwargs, *spaces, args, needs=("dist",)).to(device)
     if hasattr(actor, "reference_dist") and args.ref_checkpoint:
-        fail(f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point the "
-             "policy at the reference weights instead (e.g. its model_path)")  # fmt: skip
+        shared.fail(f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point "
+                    "the policy at the reference weights instead (e.g. its model_path)")  # fmt: skip
     if ref_ckpt:  # the policy starts from the reference too (a PPO trainer's critic is dropped)
         mine = {k: v for k, v in ref_ckpt["model"].items() if k in actor.state_dict()}
-        load_model_state(actor, {**ref_ckpt, "model": mine}, "ref_checkpoint", args.ref_checkpoint)
+        shared.load_model_state(actor, {**ref_ckpt, "model": mine}, "ref_checkpoint", args.ref_checkpoint)
     # the KL reference: a frozen copy of the initial policy (or --ref-checkpoint's, or the resumed run's)
     ref_actor = None if hasattr(actor, "reference_dist") else copy.deepcopy(actor).requires_grad_(False)
     if ref_actor is not None and args.resume and not ref_ckpt:
         ref_actor.load_state_dict(ckpt["ref_model"], strict=False)  # (older checkpoints: trained entries only)
     if ckpt is not None:
-        load_model_state(actor, ckpt, ckpt_flag, getattr(args, ckpt_flag))
+        shared.load_model_state(actor, ckpt, ckpt_flag, ckpt_path)
     reference = actor.reference_dist if ref_actor is None else ref_actor.dist
     act = partial(eval_action, actor, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
-        evaluator = Evaluator(eval_envs, RunLogger("grpo", args), args.seed, args.num_eval_episodes, args.capture_video)
+        evaluator = shared.Evaluator(
+            eval_envs, shared.RunLogger("grpo", args), args.seed, args.num_eval_episodes, args.capture_video
+        )
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
+    env_seed = shared.stream_seed(args.seed, "train_envs")
+    envs = shared.build_env(env_options, args.num_envs, env_seed, device, eval_envs=False, like=eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
-        load_env_state_dict(envs, ckpt["env_state"])
+        shared.load_env_state_dict(envs, ckpt["env_state"])
     next_obs, start_info = group_reset(envs, args, start_iteration)  # first: can the env give groups one start?
     episode_steps = envs.spec.max_episode_steps if envs.spec is not None else None
     horizon = args.num_steps or episode_steps or getattr(envs.unwrapped, "max_episode_steps", None)
     if not horizon:
-        fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
+        shared.fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
     batch_size = args.num_envs * horizon
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
+        shared.fail(
+            f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}"
+        )
     num_iterations = max(1, args.total_timesteps // batch_size)
     if start_iteration > num_iterations:
-        fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
+        shared.fail(
+            f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations"
+        )
     params = [p for p in actor.parameters() if p.requires_grad]
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    logger = RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
-    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+    logger = shared.RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
+    evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
-        load_optimizer(optimizer, ckpt["optimizer"])
+        shared.load_optimizer(optimizer, ckpt["optimizer"])
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
-        set_rng_state(ckpt["rng"])
+        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
+    compiled = shared.compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
     policy = compiled(policy_step)
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     loss_fn, clip_fn, step_fn = compiled(grpo_loss), compiled(clip_gradients), compiled(optimizer.step)
@@ -480,12 +424,12 @@ def main(args: Args) -> dict:
             ref_model=None if ref_actor is None else ref_actor.state_dict(),  # None: the policy's own reference
             optimizer=optimizer.state_dict(), iteration=iteration, global_step=global_step,
             num_iterations=num_iterations, best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,
-            env=env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
-            rng=rng_state(), env_state=env_state_dict(envs),
+            env=shared.env_record(env_options, eval_envs),  # id, options, observation layout: a resume must match them
+            rng=shared.rng_state(), env_state=shared.env_state_dict(envs),
         )  # fmt: skip
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
-    storage = rollout_storage(
+    storage = shared.rollout_storage(
         horizon, args.num_envs, device,
         obs=envs.single_observation_space,  # TensorDict observations as they come, uint8 images as uint8
         action=(envs.single_action_space.shape, torch.float32), logprob=((), torch.float32),
@@ -494,10 +438,11 @@ def main(args: Args) -> dict:
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
-    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
+    guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+    # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (with what is known)
+    with shared.StopFlag(logger.write) as stop, logger:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
@@ -505,10 +450,10 @@ def main(args: Args) -> dict:
                 next_obs, start_info = group_reset(envs, args, iteration)
 
             # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
-            rollout_stats = RolloutStats(device, task_names)  # of the first episodes that end within the horizon
+            rollout_stats = shared.RolloutStats(device, task_names)  # of the first episodes that end within the horizon
             alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
             success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
-            watch = NonFiniteWatch(args.num_envs, device)
+            watch = shared.NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(horizon):
                     out = policy(actor, next_obs)
@@ -592,18 +537,18 @@ def main(args: Args) -> dict:
             if stop.requested:
                 break
 
-    checkpoint = save_checkpoint("last.pt")
-    if not stop.requested:
-        eval_result, is_best = evaluator.run(act, global_step)
-        if is_best:
-            save_checkpoint("best.pt")
-            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
-    wall = time.time() - start_time
-    logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
-    envs.close()
-    eval_envs.close()
-    if stop.requested:
-        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
+        checkpoint = save_checkpoint("last.pt")
+        if not stop.requested:
+            eval_result, is_best = evaluator.run(act, global_step)
+            if is_best:
+                save_checkpoint("best.pt")
+                checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
+        wall = time.time() - start_time
+        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
+        envs.close()
+        eval_envs.close()
+        if stop.requested:
+            sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
 
 

@@ -43,37 +43,11 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    frozen_fingerprint,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    model_state,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    autocast,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import micro_batches
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
     exp_name: str = "grpo_vla"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -158,7 +132,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluatio
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(
+    shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma", "clip_coef",
@@ -169,9 +143,9 @@ def validate(args: Args) -> None:
         sizes=(),
     )  # fmt: skip
     if args.group_size < 2 or args.num_envs % args.group_size:
-        fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
+        shared.fail(f"--group-size must be >= 2 and divide --num-envs={args.num_envs}, got {args.group_size}")
     if args.advantage == "episode" and not args.truncate_at_first_done:
-        fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
+        shared.fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
 
 
 COMPILE_PAYS_AFTER = 10_000
@@ -184,21 +158,21 @@ ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy'
 def make_agent(envs, args: Args) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
     env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
-    if args.action_chunk > 1 and not supports_partial_reset(envs):
-        fail(
+    if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
+        shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("dist", "env_action", "reference_dist")
-    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
                         args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
     """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
     space = envs.single_action_space
-    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+    return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
 def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
@@ -268,15 +242,12 @@ def first_episode_mask(dones: torch.Tensor) -> torch.Tensor:
 def group_advantages(
     returns: torch.Tensor, mask: torch.Tensor, group_size: int, scale: bool, eps: float
 ) -> tuple[torch.Tensor, TensorDict]:
-    """Group-relative advantages per time step over the alive members of each group.
+    """Group-relative advantages per time step over the alive members (`mask`) of each group of consecutive envs.
 
-    returns, mask: [T, N], N = num_groups * group_size (consecutive envs form a group). A cell (time step,
-    group) with two or more alive members (mask True) and unequal returns centres them on their mean; with
-    `scale` it divides by (the group's pooled std + eps): squared deviations summed over those cells, over
-    the sum of their (alive - 1). One scale per group keeps a gap's size: with two members left late in the
-    horizon, a per-cell std would make any gap (1e-3 or 3) +-0.707. Other cells and masked entries get 0,
-    never NaN. Statistics: zero_adv_group_frac (share of cells with an alive member that got 0),
-    mean_group_std (mean pooled std over groups with a non-zero cell).
+    A cell (time step, group) with two or more alive members and unequal returns centres them on their mean; with
+    `scale` it divides by (the group's std pooled over its cells + eps), which keeps a gap's size (a per-cell std
+    would make any gap between the last two members +-0.707). Other cells and masked entries get 0, never NaN.
+    Statistics: zero_adv_group_frac (share of cells with an alive member that got 0), mean_group_std.
     """
     T, N = returns.shape
     alive = mask.reshape(T, N // group_size, group_size)
@@ -310,21 +281,15 @@ def episode_advantages(
 
 
 def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] bool: the envs of the groups where some member got a non-zero advantage somewhere in the horizon, i.e.
-    whose members' returns differ (a group of equal returns, e.g. all 0/1 successes alike, teaches nothing)."""
+    """[N] bool: the envs of the groups where some member got a non-zero advantage (whose returns differ)."""
     T, N = advantages.shape
-    nonzero = (advantages != 0).reshape(T, N // group_size, group_size)
-    return nonzero.any(0).any(-1).repeat_interleave(group_size)
+    return (advantages != 0).reshape(T, N // group_size, group_size).any(0).any(-1).repeat_interleave(group_size)
 
 
 def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics).
-
-    GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the minibatch size,
-    a constant. Masks select with torch.where before anything can overflow: a masked sample has ratio 1 and
-    gradient 0 (multiplying by the mask turns an overflowed ratio into NaN). Statistics: means over the alive
-    samples.
-    """
+    """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics: means over
+    the alive samples). GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the
+    minibatch size. Masks select with torch.where: a masked sample has ratio 1 and gradient 0, never NaN."""
     alive = mb["mask"]
     n_alive = alive.sum().clamp_min(1)
     total = lambda x: torch.where(alive, x, 0.0).sum()  # noqa: E731
@@ -336,21 +301,17 @@ def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tenso
     pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
     entropy = total(dist.entropy().flatten(1).sum(-1))
     # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
-    # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi) (the forward
-    # KL). Only exp() can overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper
-    # than the reference (log r << 0) keeps its full gradient back toward it.
+    # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi). Only exp() can
+    # overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper than the reference
+    # (log r << 0) keeps its full gradient back toward it.
     ref_logratio = torch.where(alive, mb["ref_logprob"] - newlogprob, 0.0).clamp(max=20.0)
     kl_ref = total(ref_logratio.exp() - ref_logratio - 1)
     loss = (pg - args.ent_coef * entropy + args.kl_coef * kl_ref) / (n_alive if args.scale_adv else alive.numel())
     with torch.no_grad():
         stats = TensorDict(
-            policy_loss=pg,
-            entropy=entropy,
-            kl_ref=kl_ref,
-            old_approx_kl=total(-logratio),
-            approx_kl=total((ratio - 1) - logratio),
-            clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
-        )
+            policy_loss=pg, entropy=entropy, kl_ref=kl_ref, old_approx_kl=total(-logratio),
+            approx_kl=total((ratio - 1) - logratio), clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
+        )  # fmt: skip
     return loss, (stats / n_alive).detach()
 
 
@@ -376,73 +337,76 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
     """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
-    seed = stream_seed(args.seed, "group_resets", iteration)
     try:
-        return envs.reset(seed=seed, options={"group_size": args.group_size})
+        return envs.reset(
+            seed=shared.stream_seed(args.seed, "group_resets", iteration), options={"group_size": args.group_size}
+        )
     except ValueError as e:
-        fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
+        shared.fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
 def main(args: Args) -> dict:
     validate(args)
-    ckpt, ckpt_flag = load_start(  # it must match the policy and what it sees; on --resume also the env
-        args,
-        ["grpo_vla"],
-        same=("env_id", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=("num_envs", "group_size", "learning_rate", "anneal_lr"),  # env state, the LR schedule's base
-    )
-    seed_everything(args.seed, args.torch_deterministic)
-    device = pick_device(args.cuda)
+    env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
+    resume_same = {k: getattr(args, k) for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}  # env, LR
+    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, ["grpo_vla"], env, same, resume_same)
+    shared.seed_everything(args.seed, args.torch_deterministic)
+    device = shared.pick_device(args.cuda)
     piece = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
+    eval_envs = shared.build_env(env, args.num_eval_envs, shared.stream_seed(args.seed, "eval_envs"), device, True)
+    obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     actor = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
-        load_model_state(actor, ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    frozen = frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
+        shared.load_model_state(actor, ckpt, ckpt_flag, path)
+    frozen = shared.frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
     act = partial(eval_action, actor, deterministic=args.eval_deterministic, size=piece)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
-        logger = RunLogger("grpo_vla", args)
-        evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        logger = shared.RunLogger("grpo_vla", args)
+        evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
+    envs = shared.build_env(env, args.num_envs, shared.stream_seed(args.seed, "train_envs"), device, False, eval_envs)
     start_iteration = ckpt["iteration"] + 1 if ckpt is not None else 1
     if ckpt is not None and ckpt["env_state"] is not None:
-        load_env_state_dict(envs, ckpt["env_state"])
+        shared.load_env_state_dict(envs, ckpt["env_state"])
     next_obs, start_info = group_reset(envs, args, start_iteration)  # first: can the env give groups one start?
     episode_steps = (envs.spec.max_episode_steps if envs.spec is not None else None) or getattr(
         envs.unwrapped, "max_episode_steps", None
     )
     horizon = args.num_steps or (episode_steps and -(-episode_steps // args.action_chunk))  # in decisions
     if not horizon:
-        fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
+        shared.fail(f"--num-steps is required: {args.env_id} declares no max episode steps")
     batch_size = args.num_envs * horizon
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}")
+        shared.fail(
+            f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}"
+        )
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
     if start_iteration > num_iterations:
-        fail(f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations")
+        shared.fail(
+            f"--total-timesteps {args.total_timesteps}: {args.resume} already completed {num_iterations} iterations"
+        )
     params = [p for p in actor.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    logger = RunLogger("grpo_vla", args, total_iterations=num_iterations - start_iteration + 1)
-    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+    logger = shared.RunLogger("grpo_vla", args, total_iterations=num_iterations - start_iteration + 1)
+    evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
-        load_optimizer(optimizer, ckpt["optimizer"])
+        shared.load_optimizer(optimizer, ckpt["optimizer"])
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
-        set_rng_state(ckpt["rng"])
+        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
     policy, reference_fn = compiled(partial(policy_step, actor)), compiled(partial(reference_logprob, actor))
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
@@ -451,7 +415,7 @@ def main(args: Args) -> dict:
         state = {
             "script": "grpo_vla",
             "args": dataclasses.asdict(args),
-            "model": model_state(actor),  # trainable parameters and buffers
+            "model": shared.model_state(actor),  # trainable parameters and buffers
             "frozen": frozen,
             "optimizer": optimizer.state_dict(),
             "iteration": iteration,
@@ -460,15 +424,15 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
-            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
-            "rng": rng_state(),
-            "env_state": env_state_dict(envs),
+            "env": shared.env_record(env, eval_envs),  # id, options, observation layout: a resume must match them
+            "rng": shared.rng_state(),
+            "env_state": shared.env_state_dict(envs),
         }
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
     powers = args.gamma ** torch.arange(args.action_chunk, device=device)[:, None]  # gamma^k of a chunk's k-th step
-    storage = rollout_storage(
+    storage = shared.rollout_storage(
         horizon,
         args.num_envs,
         device,
@@ -481,14 +445,14 @@ def main(args: Args) -> dict:
         done=((), torch.bool),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
+    amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
-    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
+    guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+    with shared.StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
@@ -496,17 +460,17 @@ def main(args: Args) -> dict:
                 next_obs, start_info = group_reset(envs, args, iteration)
 
             # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
-            rollout_stats = RolloutStats(device, task_names)  # of the first episodes that end within the horizon
+            rollout_stats = shared.RolloutStats(device, task_names)  # of the first episodes that end within the horizon
             alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
             success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
-            watch = NonFiniteWatch(args.num_envs, device)
+            watch = shared.NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(horizon):
                     with amp():
                         out = in_pieces(policy, next_obs, piece)
                     storage["obs"][step] = next_obs
                     storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                    next_obs, rewards, executed, terminated, truncated, info = step_chunk(
+                    next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(
                         envs, out["env_action"].reshape(decision_shape)
                     )  # rewards, executed: [K, N], per env step of the decision (K = 1: one step)
                     storage["reward"][step] = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum
@@ -552,7 +516,7 @@ def main(args: Args) -> dict:
                     n_alive = mb["mask"].sum()
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for part in micro_batches(mb, micro_batch_size):
+                    for part in shared.micro_batches(mb, micro_batch_size):
                         with amp():
                             out = backward_fn(actor, part, args, n_alive, minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])

@@ -21,6 +21,7 @@ Sharding a policy too large for one GPU (FSDP), token bins, action chunks, micro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -39,42 +40,11 @@ import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict, from_module
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail, flag
-from cleanrl_embodied.shared.distributed import broadcast_model, check_in_sync, process_group
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.language import VOCAB_SIZE
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import (
-    from_saved,
-    image_spaces,
-    saveable,
-    state_dim,
-    state_vector,
-    token_spaces,
-)
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
     exp_name: str = "ppo_ddp"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -150,7 +120,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run directory, env options, eva
 
 def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
-    check_args(
+    shared.check_args(
         args,
         positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
                   "clip_obs", "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl",
@@ -162,27 +132,12 @@ def validate(args: Args, show: bool) -> None:
         minibatches_of=args.num_envs * args.num_steps,  # each rank's rollout
         show=show,
     )  # fmt: skip
-    cuda = pick_device(args.cuda).type == "cuda"
+    cuda = shared.pick_device(args.cuda).type == "cuda"
     if args.backend == "nccl" and not cuda:
-        fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
+        shared.fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
     if args.cudagraphs and not cuda:
-        fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)", show)
-
-
-VLA_ONLY = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none", "fsdp": False}
-"""Flags the PPO trainers had before the VLA trainers split off (issue 37), with the one value they may have here."""
-
-
-def refuse_vla_checkpoint(ckpt: dict | None, flag_name: str, path: str | None) -> None:
-    """One line for a checkpoint of the old ppo_continuous.py / ppo_ddp.py written with one of the `VLA_ONLY` flags
-    (token bins, action chunks, micro-batches, autocast, FSDP): the VLA trainers train such policies now."""
-    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY.items() if ckpt and ckpt["args"].get(k, ok) != ok]
-    if used:
-        vla = {"ppo_continuous": "ppo_vla.py", "ppo_ddp": "ppo_vla_ddp.py"}.get(ckpt["script"], "ppo_vla.py")
-        fail(
-            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
-            f"{vla} has since the VLA trainers split off (issue 37): train such a policy with {vla}, or use this "
-            "checkpoint with the version that wrote it"
+        shared.fail(
+            "--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)", show
         )
 
 
@@ -227,31 +182,15 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
-def _orthogonal(layer: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-MIN_IMAGE_SIZE = 36
-"""Height and width NatureCNN's three convolutions (8x8 stride 4, 4x4 stride 2, 3x3) need at least."""
-
-
-def needs_encoder(space: gym.Space) -> bool:
-    """Whether observations of ``space`` hold something an MLP can't read as it is: images or instructions."""
-    return bool(image_spaces(space) or token_spaces(space))
-
-
 class InstructionEncoder(nn.Module):
-    """Instruction tokens (``shared.language``: byte ids and attention mask [B, L]) -> a feature vector [B, features]:
-    an embedding per byte, a width-3 convolution (so that it reads groups of letters, not only which letters occur),
-    a max over the instruction's positions (padding left out) and a projection (Linear, LayerNorm, Tanh)."""
+    """Instruction tokens (byte ids and attention mask [B, L], shared/language.py) -> features [B, 64]: byte
+    embeddings, a width-3 convolution (it reads groups of letters), a max over the positions that are not padding."""
 
     def __init__(self, features: int = 64, embedding: int = 32, channels: int = 64):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB_SIZE, embedding, padding_idx=0)
-        self.conv = _orthogonal(nn.Conv1d(embedding, channels, 3, padding=1))
-        self.out = nn.Sequential(_orthogonal(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
+        self.embed = nn.Embedding(shared.VOCAB_SIZE, embedding, padding_idx=0)
+        self.conv = layer_init(nn.Conv1d(embedding, channels, 3, padding=1))
+        self.out = nn.Sequential(layer_init(nn.Linear(channels, features)), nn.LayerNorm(features), nn.Tanh())
 
     def forward(self, tokens: TensorDict) -> torch.Tensor:
         x = torch.relu(self.conv(self.embed(tokens["input_ids"]).transpose(1, 2)))  # [B, C, L]
@@ -260,46 +199,30 @@ class InstructionEncoder(nn.Module):
 
 
 class PixelEncoder(nn.Module):
-    """TensorDict observations with images and/or instructions -> one feature vector per row: each uint8 image
-    [C, H, W] (scaled to [0, 1]) through its own small CNN (NatureCNN's three conv layers, as in the CleanRL and
-    ManiSkill pixel baselines) and a projection to ``features`` (Linear, LayerNorm, Tanh, as DrQ-v2's trunk), each
-    instruction through an :class:`InstructionEncoder`, concatenated with the (already normalized) float entries
-    ``state``. Orthogonal init with gain sqrt(2), zero biases. An image smaller than ``MIN_IMAGE_SIZE`` (36) in
-    height or width is zero-padded (black, centred) to 36 first: the CNN needs that much, and the parameters are
-    those of a 36-pixel image.
+    """TensorDict observations -> one feature vector per row: each uint8 image [C, H, W] through NatureCNN's three
+    convolutions (zero-padded to 36 pixels if smaller) and a bounded projection (Linear, LayerNorm, Tanh: unbounded
+    ReLU features saturated the Tanh heads on RGB PushCubeRL), each instruction through an `InstructionEncoder`,
+    concatenated with the normalized float entries `state`."""
 
-    The projection is bounded on purpose: the trainers' heads are Tanh MLPs, and unbounded ReLU features (256 of
-    them around 2.5 each after a few updates) saturated their first layer, so actor and critic became constant
-    over the batch and two of three seeds never learned RGB PushCubeRL."""
-
-    def __init__(self, obs_space: gym.spaces.Dict, state_dim: int, features: int = 256):
+    def __init__(self, obs_space: gym.spaces.Dict, num_floats: int, features: int = 256):
         super().__init__()
-        self.keys, self.cnns, self.paddings = list(image_spaces(obs_space)), nn.ModuleList(), []
-        for channels, height, width in (box.shape for box in image_spaces(obs_space).values()):
-            pad_h, pad_w = max(MIN_IMAGE_SIZE - height, 0), max(MIN_IMAGE_SIZE - width, 0)
+        self.keys, self.cnns, self.paddings = list(shared.image_spaces(obs_space)), nn.ModuleList(), []
+        for channels, height, width in (box.shape for box in shared.image_spaces(obs_space).values()):
+            pad_h, pad_w = max(36 - height, 0), max(36 - width, 0)
             self.paddings.append((pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # F.pad's order
-            height, width = height + pad_h, width + pad_w
-            convs = nn.Sequential(
-                _orthogonal(nn.Conv2d(channels, 32, 8, stride=4)),
-                nn.ReLU(),
-                _orthogonal(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                _orthogonal(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
-            flat = convs(torch.zeros(1, channels, height, width)).shape[1]
+            convs = [nn.Conv2d(channels, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2), nn.Conv2d(64, 64, 3)]
+            cnn = nn.Sequential(*(m for conv in convs for m in (layer_init(conv), nn.ReLU())), nn.Flatten())
+            flat = cnn(torch.zeros(1, channels, height + pad_h, width + pad_w)).shape[1]
             self.cnns.append(
-                nn.Sequential(convs, _orthogonal(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
+                nn.Sequential(cnn, layer_init(nn.Linear(flat, features)), nn.LayerNorm(features), nn.Tanh())
             )
-        self.text_keys = list(token_spaces(obs_space))
+        self.text_keys = list(shared.token_spaces(obs_space))
         self.texts = nn.ModuleList(InstructionEncoder() for _ in self.text_keys)
-        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + state_dim
+        self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + num_floats
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
         images = [
-            cnn(F.pad(obs.get(key).float() / 255.0, padding) if any(padding) else obs.get(key).float() / 255.0)
-            for key, cnn, padding in zip(self.keys, self.cnns, self.paddings)
+            cnn(F.pad(obs.get(key).float() / 255.0, pad)) for key, cnn, pad in zip(self.keys, self.cnns, self.paddings)
         ]
         texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
         return torch.cat([*images, *texts, state], -1)
@@ -312,16 +235,20 @@ class Agent(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        self.obs_rms = RunningMeanStd((state_dim(obs_space),))
-        self.encoder = PixelEncoder(obs_space, state_dim(obs_space)) if needs_encoder(obs_space) else None
-        features = self.encoder.out_dim if self.encoder else state_dim(obs_space)
+        num_floats, pixels_or_text = (
+            shared.state_dim(obs_space),
+            shared.image_spaces(obs_space) or shared.token_spaces(obs_space),
+        )
+        self.obs_rms = RunningMeanStd((num_floats,))
+        self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
+        features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
         self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
         self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        state = state_vector(obs)  # a plain observation tensor as it is
+        state = shared.float_entries(obs)  # a plain observation tensor as it is
         if self.norm_obs:
             std = (self.obs_rms.var + 1e-8).sqrt()
             state = ((state - self.obs_rms.mean) / std).clamp(-self.clip_obs, self.clip_obs).float()
@@ -352,7 +279,7 @@ def make_agent(envs, args: Args) -> nn.Module:
     if args.policy is None:
         return Agent(obs_space, act_space, args)
     needs = ("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ())
-    return build_policy(args.policy, args.policy_kwargs, obs_space, act_space, args, needs)
+    return shared.build_policy(args.policy, args.policy_kwargs, obs_space, act_space, args, needs)
 
 
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
@@ -471,10 +398,10 @@ def sync_gradients(params: list[torch.Tensor], world_size: int, loss: torch.Tens
 def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Tensor) -> dict:
     """What only this rank knows (on the CPU): its envs' state, current obs, return traces and RNG streams."""
     return {
-        "env_state": env_state_dict(envs),
-        "next_obs": saveable(next_obs.cpu()),
+        "env_state": shared.env_state_dict(envs),
+        "next_obs": shared.obs_for_checkpoint(next_obs.cpu()),
         "reward_trace": reward_trace.cpu(),
-        "rng": rng_state(),
+        "rng": shared.rng_state(),
     }
 
 
@@ -486,21 +413,23 @@ COMPILE_PAYS_AFTER = 10_000
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
-    ckpt, ckpt_flag = load_start(  # it must match the network and what it sees; on --resume also the env
-        args,
-        ["ppo_continuous", "ppo_ddp"],  # layout, the reward trace's meaning and the LR schedule's base
-        same=("env_id", "hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs"),
-        resume_same=("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward", "learning_rate", "anneal_lr"),
-        read=rank == 0,
-    )  # the others get the content from rank 0
-    refuse_vla_checkpoint(ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
-        return train(args, ckpt, ckpt_flag, dist.get_rank(), dist.get_world_size(), device, backend)
+    env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also the
+    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # layout, the reward trace's meaning and the LR schedule's base
+        args.resume, args.eval_checkpoint, ["ppo_ddp", "ppo_continuous"], env_options,
+        same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")},
+        resume_same={k: flags[k] for k in ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward",
+                                           "learning_rate", "anneal_lr")},
+        read=rank == 0,  # the others get the content from rank 0
+    )  # fmt: skip
+    with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
+        return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
 
 
 def train(
-    args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: int, device: torch.device, backend: str
+    args: Args, env_options: shared.EnvOptions, start: tuple, rank: int, world_size: int, device: torch.device
 ) -> dict:
+    ckpt, ckpt_flag, ckpt_path = start  # the checkpoint of --resume / --eval-checkpoint (rank 0 read it), flag, path
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
     num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
@@ -508,23 +437,27 @@ def train(
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
         ckpt = box[0]
-    seed_everything(args.seed, args.torch_deterministic, rank)  # this rank's streams (rank 0: ppo_continuous.py's)
+    shared.seed_everything(
+        args.seed, args.torch_deterministic, rank
+    )  # this rank's streams (rank 0: ppo_continuous.py's)
 
     # Rank r's envs get their own stream, hashed from (seed, r) (+ i for sub-env i of a Gymnasium id): no two envs
     # of the world or of runs with other seeds share one. Rank 0 alone evaluates (fresh starts per evaluation).
-    eval_seed = stream_seed(args.seed, "eval_envs")
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, eval_seed, device) if rank == 0 else None
-    env_seed = stream_seed(args.seed, "train_envs", rank)
-    envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
-    obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")
+    eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, True) if rank == 0 else None
+    env_seed = shared.stream_seed(args.seed, "train_envs", rank)
+    envs = shared.build_env(env_options, args.num_envs, env_seed, device, eval_envs=False, like=eval_envs)
+    obs_dim, act_dim = shared.check_env_sizes(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
-    broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
+    shared.broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
     if ckpt is not None:
-        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag), show=rank == 0)
-    logger = RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+        shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path, show=rank == 0)
+    logger = shared.RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
     say = logger.write if rank == 0 else lambda _: None
     evaluator = (
-        Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video) if rank == 0 else None
+        shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        if rank == 0
+        else None
     )
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
@@ -544,7 +477,7 @@ def train(
     from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(compile_on, device, say)  # torch.compile, or eager (the identity)
+    compiled = shared.compiler(compile_on, device, say)  # torch.compile, or eager (the identity)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
@@ -555,26 +488,29 @@ def train(
     global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer, normalizers and counters from rank 0; env state per rank
-        load_optimizer(optimizer, ckpt["optimizer"])
+        shared.load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
         global_step = ckpt["global_step"]  # iterations are counted in this run's global batches:
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-            note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+            shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
-        if len(pieces) == world_size and from_saved(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
+        if (
+            len(pieces) == world_size
+            and shared.obs_from_checkpoint(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs
+        ):
             piece = pieces[rank]
             if piece["env_state"] is not None:  # else the envs start fresh episodes, and so do the traces
-                load_env_state_dict(envs, piece["env_state"])
-                next_obs = from_saved(piece["next_obs"], device)
+                shared.load_env_state_dict(envs, piece["env_state"])
+                next_obs = shared.obs_from_checkpoint(piece["next_obs"], device)
                 reward_trace.copy_(piece["reward_trace"])
-            set_rng_state(piece["rng"])
+            shared.set_rng_state(piece["rng"])
         else:
-            rows = from_saved(pieces[0]["next_obs"], "cpu").shape[0]
+            rows = shared.obs_from_checkpoint(pieces[0]["next_obs"], "cpu").shape[0]
             resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
     say(
-        f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
+        f"device={device} backend={dist.get_backend()} world={world_size} envs/rank={args.num_envs} "
         f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
         f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger and logger.run_dir}"
     )
@@ -585,17 +521,17 @@ def train(
             optimizer=optimizer.state_dict(), reward_rms=reward_rms.state_dict(), iteration=iteration,
             global_step=global_step, num_iterations=num_iterations, best_key=list(evaluator.best_key),
             obs_dim=obs_dim, act_dim=act_dim,
-            env=env_record(args, envs),  # id, options, observation layout: a resume must match them
+            env=shared.env_record(env_options, envs),  # id, options, observation layout: a resume must match them
             world_size=world_size, **pieces[0], other_ranks=pieces[1:],
         )  # fmt: skip
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
         pieces = [None] * world_size if rank == 0 else None
         dist.gather_object(rank_state(envs, next_obs, reward_trace), pieces, dst=0)
         return pieces
 
-    storage = rollout_storage(
+    storage = shared.rollout_storage(
         args.num_steps, args.num_envs, device,
         obs=envs.single_observation_space,  # TensorDict observations as they come, uint8 images as uint8
         action=(envs.single_action_space.shape, torch.float32), logprob=((), torch.float32), value=((), torch.float32),
@@ -604,20 +540,21 @@ def train(
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
-    guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
+    guard = shared.SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, 0
     start_time, start_step = time.time(), global_step
     # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration (agreed through the
     # iteration's all-reduce; rank 0 alone writes). Repeats are absorbed: torchrun re-sends the signal to its
     # workers; its grace period (30 s, then SIGKILL) is the hard stop.
-    with StopFlag(say, absorb_repeats=True) as stop:
+    # An error on rank 0 also writes summary.json (with what is known).
+    with shared.StopFlag(say, absorb_repeats=True) as stop, logger or contextlib.nullcontext():
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
 
             # ---- rollout on this rank: no collective (and on a GPU no host sync) inside this loop ----
-            rollout_stats = RolloutStats(device, task_names)
-            watch = NonFiniteWatch(args.num_envs, device)
+            rollout_stats = shared.RolloutStats(device, task_names)
+            watch = shared.NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
                     out = policy(next_obs)
@@ -638,7 +575,7 @@ def train(
                 dist.all_reduce(summed)
                 if summed[-2:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
                     watch.check(global_step, args.num_envs * world_size, where=f"rank {rank} ")
-                    fail("", show=False)
+                    shared.fail("", show=False)
                 rollout_stats.sums = summed[:-2]
                 rollout_stats.env_steps *= world_size  # the reward terms are summed over every rank's env steps
                 global_step += batch_size * world_size
@@ -679,7 +616,7 @@ def train(
                     if float(kl) / world_size > args.target_kl:
                         break
             if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
-                agent.obs_rms.update(state_vector(storage["obs"], batch_dims=2))  # float entries, of every rank
+                agent.obs_rms.update(shared.float_entries(storage["obs"], batch_dims=2))  # float entries, of every rank
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
@@ -717,21 +654,21 @@ def train(
                 break
 
         pieces = gather_rank_states()
-        check_in_sync(agent, rank, "at the end")
-    envs.close()
-    if rank == 0:
-        checkpoint = save_checkpoint("last.pt", pieces)
-        if not stopped:
-            eval_result, is_best = evaluator.run(act, global_step)
-            if is_best:
-                save_checkpoint("best.pt", pieces)
-                checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key a resume compares against
-        wall = time.time() - start_time
-        sps = (global_step - start_step) / max(wall, 1e-9)
-        logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
-        eval_envs.close()
-    if stopped:
-        sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
+        shared.check_in_sync(agent, rank, "at the end")
+        envs.close()
+        if rank == 0:
+            checkpoint = save_checkpoint("last.pt", pieces)
+            if not stopped:
+                eval_result, is_best = evaluator.run(act, global_step)
+                if is_best:
+                    save_checkpoint("best.pt", pieces)
+                    checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key to compare against
+            wall = time.time() - start_time
+            sps = (global_step - start_step) / max(wall, 1e-9)
+            logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
+            eval_envs.close()
+        if stopped:
+            sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
     run_dir = str(logger.run_dir) if rank == 0 else None
     return {"run_dir": run_dir, "eval": eval_result, "global_step": global_step, "model": agent.state_dict()}
 

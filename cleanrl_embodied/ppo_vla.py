@@ -36,7 +36,7 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_env_sizes, rollout_storage
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
     frozen_fingerprint,
@@ -62,7 +62,7 @@ from cleanrl_embodied.shared.runtime import (
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable
+from cleanrl_embodied.shared.tensordict_helpers import obs_from_checkpoint, micro_batches, obs_for_checkpoint
 
 
 @dataclass
@@ -318,7 +318,7 @@ def main(args: Args) -> dict:
     device = pick_device(args.cuda)
 
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
+    obs_dim, act_dim = check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
@@ -349,7 +349,7 @@ def main(args: Args) -> dict:
         note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes
             load_env_state_dict(envs, ckpt["env_state"])
-            next_obs = from_saved(ckpt["next_obs"], device)
+            next_obs = obs_from_checkpoint(ckpt["next_obs"], device)
         set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
@@ -372,7 +372,7 @@ def main(args: Args) -> dict:
             "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
             "rng": rng_state(),
             "env_state": env_state_dict(envs),
-            "next_obs": saveable(next_obs),
+            "next_obs": obs_for_checkpoint(next_obs),
         }
         return str(atomic_save(state, logger.checkpoint_dir / name))
 

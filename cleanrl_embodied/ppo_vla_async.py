@@ -35,37 +35,11 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    frozen_fingerprint,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    model_state,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    autocast,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
     exp_name: str = "ppo_vla_async"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -138,7 +112,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluatio
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(
+    shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
@@ -161,21 +135,21 @@ ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy'
 def make_agent(envs, args: Args) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
     env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
-    if args.action_chunk > 1 and not supports_partial_reset(envs):
-        fail(
+    if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
+        shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action")
-    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
                         args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
     """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
     space = envs.single_action_space
-    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+    return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
 def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
@@ -218,14 +192,15 @@ def eval_action(
 
 def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
     """Run one decision, `env_action` [N, K, D]: K actions one by one (`step_chunk`; K = 1, one step). Returns
-    (next_obs, reward, discount, terminated, truncated, info): the decision's reward is the discounted sum of the
-    rewards of the steps it ran (an episode that ends inside the chunk stops there), its discount gamma^(steps it
-    ran), what `compute_gae` multiplies V(next obs) by."""
-    next_obs, rewards, executed, terminated, truncated, info = step_chunk(envs, env_action)
+    (next_obs, reward, discount, steps, terminated, truncated, info): the decision's reward is the discounted sum of
+    the rewards of the `steps` [N] env steps it ran (an episode that ends inside the chunk stops there), its
+    discount gamma^steps, what `compute_gae` multiplies V(next obs) by."""
+    next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(envs, env_action)
     powers = gamma ** torch.arange(env_action.shape[1], device=rewards.device)[:, None]
     reward = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum inside the chunk
-    discount = gamma ** executed.sum(0)  # multiplies V(next) in GAE
-    return next_obs, reward, discount, terminated, truncated, info
+    steps = executed.sum(0)
+    discount = gamma**steps  # multiplies V(next) in GAE
+    return next_obs, reward, discount, steps, terminated, truncated, info
 
 
 def compute_gae(
@@ -316,10 +291,11 @@ class Collector:
 
     def __init__(self, envs, agent: nn.Module, args: Args, total_rollouts: int, device: torch.device):
         self.envs, self.agent, self.args, self.total_rollouts = envs, agent, args, total_rollouts
-        self.next_obs, self.next_index = envs.reset(seed=stream_seed(args.seed, "train_envs"))[0], 0  # or load_state()
-        self.generator = torch.Generator(device=device).manual_seed(stream_seed(args.seed, "collector"))  # its own
+        seeds = {name: shared.stream_seed(args.seed, name) for name in ("train_envs", "collector")}
+        self.next_obs, self.next_index = envs.reset(seed=seeds["train_envs"])[0], 0  # or load_state()
+        self.generator = torch.Generator(device=device).manual_seed(seeds["collector"])  # its own stream
         self.step = partial(collector_step, agent, generator=self.generator)
-        self.piece, self.amp = args.micro_batch_size or sys.maxsize, autocast(args.autocast, device)
+        self.piece, self.amp = args.micro_batch_size or sys.maxsize, shared.autocast(args.autocast, device)
         self.decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
         self.task_names, self.consumed, self.error = envs.metadata.get("task_names"), 0, None  # (see publish, _run)
         self.rollouts, self.cond = queue.Queue(maxsize=args.max_staleness + 1), threading.Condition()
@@ -388,18 +364,18 @@ class Collector:
 
     def state(self) -> dict:
         """What a resume needs from this side, rollouts not yet learned from included (call only while paused)."""
-        pending = [{**item, "data": item["data"].to_dict(), "next_obs": saveable(item["next_obs"])}
+        pending = [{**item, "data": item["data"].to_dict(), "next_obs": shared.obs_for_checkpoint(item["next_obs"])}
                    for item in list(self.rollouts.queue)]  # fmt: skip
-        return {"next_index": self.next_index, "next_obs": saveable(self.next_obs), "pending": pending,
-                "env_state": env_state_dict(self.envs), "generator": self.generator.get_state(),
+        return {"next_index": self.next_index, "next_obs": shared.obs_for_checkpoint(self.next_obs), "pending": pending,
+                "env_state": shared.env_state_dict(self.envs), "generator": self.generator.get_state(),
                 "snapshots": dict(self.snapshots)}  # fmt: skip
 
     def load_state(self, state: dict) -> None:
         """Continue from the rollout boundary `state()` was taken at (before the thread starts)."""
         device, pending = self.next_obs.device, state["pending"]
         if state["env_state"] is not None:  # else the envs start fresh episodes
-            load_env_state_dict(self.envs, state["env_state"])
-            self.next_obs = from_saved(state["next_obs"], device)
+            shared.load_env_state_dict(self.envs, state["env_state"])
+            self.next_obs = shared.obs_from_checkpoint(state["next_obs"], device)
         self.generator.set_state(state["generator"])
         self.next_index, self.snapshots = state["next_index"], {int(c): vs for c, vs in state["snapshots"].items()}
         self.changing.update(key for _, snapshot in self.snapshots.values() for key in snapshot)
@@ -407,7 +383,8 @@ class Collector:
         for item in pending:
             item = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
             data = TensorDict(item["data"], batch_size=[self.args.num_steps, self.args.num_envs], device=device)
-            self.rollouts.put_nowait({**item, "next_obs": from_saved(item["next_obs"], device), "data": data})
+            next_obs = shared.obs_from_checkpoint(item["next_obs"], device)
+            self.rollouts.put_nowait({**item, "next_obs": next_obs, "data": data})
 
     def _run(self) -> None:
         try:
@@ -438,13 +415,14 @@ class Collector:
 
     def _collect(self, version: int) -> dict | None:
         args, device, obs_space = self.args, self.next_obs.device, self.envs.single_observation_space
-        data = rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
+        data = shared.rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
             args.num_steps, args.num_envs, device, obs=obs_space, final_obs=obs_space,
             action=(action_space(self.envs, args).shape, torch.float32), logprob=((), torch.float32),
             reward=((), torch.float32), discount=((), torch.float32), terminated=((), torch.bool),
             done=((), torch.bool), version=((), torch.long),
         )  # fmt: skip
-        stats, watch, start = RolloutStats(device, self.task_names), NonFiniteWatch(args.num_envs, device), time.time()
+        stats, watch = shared.RolloutStats(device, self.task_names), shared.NonFiniteWatch(args.num_envs, device)
+        start = time.time()
         for step in range(args.num_steps):
             if self.stop_requested:
                 return None
@@ -452,7 +430,7 @@ class Collector:
                 out = in_pieces(self.step, self.next_obs, self.piece)
             data["obs"][step] = self.next_obs
             data["action"][step], data["logprob"][step] = out["action"], out["logprob"]
-            self.next_obs, reward, discount, terminated, truncated, info = step_decision(
+            self.next_obs, reward, discount, _, terminated, truncated, info = step_decision(
                 self.envs, out["env_action"].reshape(self.decision_shape), args.gamma
             )
             data["reward"][step], data["discount"][step] = reward, discount  # gamma^(env steps the decision ran)
@@ -470,50 +448,51 @@ class Collector:
 
 def main(args: Args) -> dict:
     validate(args)
-    same = ("env_id", "policy", "policy_kwargs", *ACTION_ARGS)  # a checkpoint must match the policy and its inputs
-    resume_same = ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr")  # env state, pending rollouts, LR
-    ckpt, ckpt_flag = load_start(args, ["ppo_vla_async"], same, resume_same)
+    env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
+    resume_same = {k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr")}
+    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, ["ppo_vla_async"], env, same,
+                                              resume_same)  # fmt: skip
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)
     minibatch_size = batch_size // args.num_minibatches
     rollout_steps = batch_size * args.action_chunk  # env steps of a rollout
     num_iterations = max(1, args.total_timesteps // rollout_steps)
-    seed_everything(args.seed, args.torch_deterministic)
-    device = pick_device(args.cuda)
+    shared.seed_everything(args.seed, args.torch_deterministic)
+    device = shared.pick_device(args.cuda)
     piece = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_dims(eval_envs, (ckpt, ckpt_flag))
+    eval_envs = shared.build_env(env, args.num_eval_envs, shared.stream_seed(args.seed, "eval_envs"), device, True)
+    obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
-        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = RunLogger("ppo_vla_async", args, total_iterations=num_iterations)
-    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        shared.load_model_state(agent, ckpt, ckpt_flag, path)
+    frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
+    logger = shared.RunLogger("ppo_vla_async", args, total_iterations=num_iterations)
+    evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic, size=piece)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    envs = build_env(args, "env_kwargs", args.num_envs, stream_seed(args.seed, "train_envs"), device, like=eval_envs)
+    envs = shared.build_env(env, args.num_envs, shared.stream_seed(args.seed, "train_envs"), device, False, eval_envs)
     params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(pays, device, logger.write)  # torch.compile (learner side), or eager (the identity)
+    compiled = shared.compiler(pays, device, logger.write)  # torch.compile (learner side), or eager (the identity)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
-    amp = autocast(args.autocast, device)
+    amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)
     inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
 
-    # learner counters, changed after the update they count: rollouts consumed, updates made, env steps, dropped
-    consumed, version, global_step, dropped = 0, 0, 0, 0
+    consumed, version, global_step, dropped = 0, 0, 0, 0  # the learner's: rollouts, updates, env steps, dropped
     collector = Collector(envs, inference_agent, args, num_iterations, device)  # resets the envs
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
-        load_optimizer(optimizer, ckpt["optimizer"])
+        shared.load_optimizer(optimizer, ckpt["optimizer"])
         consumed, version, dropped = ckpt["iteration"], ckpt["version"], ckpt["dropped"]
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
-        set_rng_state(ckpt["rng"])
+        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.set_rng_state(ckpt["rng"])
         collector.load_state(ckpt["collector"])  # it stopped at a rollout boundary: continue from exactly there
     collector.publish(consumed, version, agent)
     sizes = f"envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations={num_iterations}"
@@ -524,13 +503,13 @@ def main(args: Args) -> dict:
     def save_checkpoint(name: str) -> str:  # only while the collector is paused: both sides at one point
         state = {
             "script": "ppo_vla_async", "args": dataclasses.asdict(args),
-            "model": model_state(agent), "frozen": frozen,  # trainable parameters and buffers; the rest's fingerprint
+            "model": shared.model_state(agent), "frozen": frozen,  # what trains; the fingerprint of the rest
             "optimizer": optimizer.state_dict(), "iteration": consumed, "version": version, "global_step": global_step,
             "dropped": dropped, "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
-            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
-            "obs_dim": obs_dim, "act_dim": act_dim, "rng": rng_state(), "collector": collector.state(),
+            "env": shared.env_record(env, eval_envs),  # id, options, observation layout: a resume must match them
+            "obs_dim": obs_dim, "act_dim": act_dim, "rng": shared.rng_state(), "collector": collector.state(),
         }  # fmt: skip
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     def learn(data: TensorDict, next_obs: torch.Tensor | TensorDict) -> tuple[list, TensorDict]:
         """PPO's update on a rollout; (statistics of the applied optimizer steps, the batch learned from)."""
@@ -551,7 +530,7 @@ def main(args: Args) -> dict:
                 mb = normalize_advantages(mb) if args.norm_adv else mb
                 optimizer.zero_grad(set_to_none=True)
                 loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                for part in micro_batches(mb, micro_batch_size):
+                for part in shared.micro_batches(mb, micro_batch_size):
                     with amp():
                         out = backward_fn(agent, part, args, len(part) / minibatch_size)
                     loss, stats = out if loss is None else (loss + out[0], stats + out[1])
@@ -566,12 +545,12 @@ def main(args: Args) -> dict:
         return update_stats, batch
 
     eval_result, checkpoint, timeline = None, None, []
-    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
+    guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
     start_time, start_step = time.time(), global_step
     collector.thread.start()
     try:
-        with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+        with shared.StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
             while consumed < num_iterations:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - consumed / num_iterations))

@@ -35,7 +35,7 @@ import tyro
 from tensordict import TensorDict, from_module
 from torch.distributed.fsdp import fully_shard
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_dims, rollout_storage
+from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_env_sizes, rollout_storage
 from cleanrl_embodied.shared.checkpoints import (
     env_record,
     frozen_fingerprint,
@@ -50,10 +50,10 @@ from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_
 from cleanrl_embodied.shared.distributed import (
     broadcast_model,
     check_in_sync,
-    full,
-    gather_into,
+    unsharded,
+    copy_unsharded_into,
     process_group,
-    whole_state,
+    unsharded_state,
 )
 from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
 from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
@@ -68,7 +68,7 @@ from cleanrl_embodied.shared.runtime import (
     seed_everything,
     stream_seed,
 )
-from cleanrl_embodied.shared.tensordict_helpers import from_saved, micro_batches, saveable
+from cleanrl_embodied.shared.tensordict_helpers import obs_from_checkpoint, micro_batches, obs_for_checkpoint
 
 
 @dataclass
@@ -367,7 +367,7 @@ def train(
     eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, eval_seed, device) if rank == 0 else None
     env_seed = stream_seed(args.seed, "train_envs", rank)
     envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
-    obs_dim, act_dim = check_dims(envs, (ckpt, ckpt_flag), show=rank == 0)
+    obs_dim, act_dim = check_env_sizes(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
     broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
     if ckpt is not None:  # (after the broadcast: every rank checks the same frozen weights, so all agree)
@@ -416,13 +416,13 @@ def train(
             evaluator.best_key = tuple(ckpt["best_key"])
             note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_vla.py checkpoint is a world of one
-        if len(pieces) == world_size and from_saved(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
+        if len(pieces) == world_size and obs_from_checkpoint(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
             if pieces[rank]["env_state"] is not None:  # else the envs start fresh episodes
                 load_env_state_dict(envs, pieces[rank]["env_state"])
-                next_obs = from_saved(pieces[rank]["next_obs"], device)
+                next_obs = obs_from_checkpoint(pieces[rank]["next_obs"], device)
             set_rng_state(pieces[rank]["rng"])
         else:
-            rows = from_saved(pieces[0]["next_obs"], "cpu").shape[0]
+            rows = obs_from_checkpoint(pieces[0]["next_obs"], "cpu").shape[0]
             resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
     say(
         f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
@@ -451,9 +451,9 @@ def train(
         return str(atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
-        model, optim = whole_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
+        model, optim = unsharded_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
         pieces = [None] * world_size if rank == 0 else None
-        own = {"env_state": env_state_dict(envs), "next_obs": saveable(next_obs.cpu()), "rng": rng_state()}
+        own = {"env_state": env_state_dict(envs), "next_obs": obs_for_checkpoint(next_obs.cpu()), "rng": rng_state()}
         dist.gather_object(own, pieces, dst=0)  # what only this rank knows (on the CPU)
         if rank == 0:
             pieces[0].update(model=model, optimizer=optim)
@@ -553,7 +553,7 @@ def train(
                         mean_loss /= world_size
                     else:
                         mean_loss = sync_gradients(params, world_size, loss)
-                    grad_norm = full(clip_fn(params, args.max_grad_norm))
+                    grad_norm = unsharded(clip_fn(params, args.max_grad_norm))
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
                     step_fn()
@@ -565,7 +565,7 @@ def train(
                     if float(kl) / world_size > args.target_kl:
                         break
             if args.fsdp:  # the inference copy (rollout, evaluation) gets the updated weights, whole (a collective)
-                gather_into(agent_inference, agent)
+                copy_unsharded_into(agent_inference, agent)
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)

@@ -110,7 +110,7 @@ def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name,
     vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module is grpo_vla else {})}
     assert module.COMPILE_PAYS_AFTER == 10_000
     monkeypatch.setattr(module, "COMPILE_PAYS_AFTER", pays_after)
-    monkeypatch.setattr(module, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
+    monkeypatch.setattr(module.shared, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
     module.main(
         module.Args(
             num_envs=4, num_steps=4, num_minibatches=2, update_epochs=2, total_timesteps=3 * 16, eval_freq=0,

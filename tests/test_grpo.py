@@ -503,7 +503,7 @@ def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, setti
     asked = []
     assert grpo.COMPILE_PAYS_AFTER == 10_000
     monkeypatch.setattr(grpo, "COMPILE_PAYS_AFTER", pays_after)
-    monkeypatch.setattr(grpo, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
+    monkeypatch.setattr(grpo.shared, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
     main(tiny_args(tmp_path, num_steps=4, total_timesteps=3 * 8 * 4, eval_freq=0, save_freq=0, compile=setting))
     assert asked == [enabled]
 

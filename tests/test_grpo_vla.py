@@ -156,7 +156,7 @@ def test_a_grpo_checkpoint_is_refused_in_one_line(tmp_path):
         with pytest.raises(SystemExit) as e:
             grpo_vla.main(tiny_args(tmp_path / "b", iterations=2, **{flag: str(tmp_path / "old.pt")}))
         message = str(e.value.code)
-        assert "\n" not in message and "grpo.py" in message and "issue 37" in message, message
+        assert "\n" not in message and "grpo.py" in message and "before the VLA trainers split" in message, message
 
 
 def test_eval_checkpoint_evaluates_without_training(tmp_path):

@@ -11,11 +11,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_async
+from cleanrl_embodied import grpo, ppo_ddp, ppo_vla_async
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared import make_env, rollout_storage
 from cleanrl_embodied.shared.runtime import NonFiniteWatch
-from cleanrl_embodied.shared.tensordict_helpers import finite_rows, image_spaces, state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import finite_rows, image_spaces, state_dim, float_entries
 from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
 
 PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
@@ -45,10 +45,10 @@ def test_state_vector_normalizes_nothing_but_float_entries():
         batch_size=[2],
     )
     assert list(image_spaces(PIXEL_SPACE)) == [("rgb",)] and state_dim(PIXEL_SPACE) == 5
-    assert torch.equal(state_vector(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
+    assert torch.equal(float_entries(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
     plain = torch.randn(4, 6)
-    assert state_vector(plain) is plain
-    assert state_vector(obs.select("rgb")).shape == (2, 0)  # images only: an empty state
+    assert float_entries(plain) is plain
+    assert float_entries(obs.select("rgb")).shape == (2, 0)  # images only: an empty state
     obs["state", "b"][1, 2] = float("inf")
     assert finite_rows(obs).tolist() == [True, False]
     assert finite_rows(obs[None].expand(3, 2), batch_dims=2).tolist() == [[True, False]] * 3
@@ -61,7 +61,7 @@ def test_make_env_keeps_tensordicts_when_asked_and_flattens_state_by_default():
     obs_nested, _ = nested.reset(seed=0)
     assert isinstance(obs_flat, torch.Tensor) and isinstance(obs_nested, TensorDict)
     assert isinstance(nested.single_observation_space, gym.spaces.Dict)
-    assert torch.equal(state_vector(obs_nested), obs_flat)  # flattening = the sorted float leaves
+    assert torch.equal(float_entries(obs_nested), obs_flat)  # flattening = the sorted float leaves
     action = torch.zeros(3, 7)
     for _ in range(60):  # past the 50-step time limit: final_obs keeps the structure too
         _, _, _, truncated, info = nested.step(action)
@@ -137,7 +137,7 @@ def tiny(tmp_path: Path, module=ppo, **overrides):
     return module.Args(**settings)
 
 
-@pytest.mark.parametrize("module", [ppo, ppo_async], ids=["ppo_continuous", "ppo_async"])
+@pytest.mark.parametrize("module", [ppo, ppo_ddp], ids=["ppo_continuous", "ppo_ddp"])  # (the classic trainers' encoder)
 def test_pixel_ppo_runs_saves_and_evaluates(tmp_path, module):
     result = module.main(tiny(tmp_path / "a", module))
     last = Path(result["run_dir"]) / "checkpoints" / "last.pt"
@@ -182,12 +182,13 @@ def test_grpo_builtin_actor_reads_image_observations(tmp_path):
     assert out["global_step"] == 64 and out["eval"]["episodic_return"] is not None
 
 
-@pytest.mark.parametrize("module", [ppo, ppo_async, grpo])
+@pytest.mark.parametrize("module", [ppo, ppo_vla_async, grpo])
 def test_eval_envs_with_other_observations_than_training_are_refused_in_one_line(tmp_path, module):
     """The eval envs inherit obs_mode from --env-kwargs; one that --eval-env-kwargs changes would build the policy
     for the eval envs' observations and crash in the first rollout: it is refused before training starts, naming
     both flags."""
     extra = {"group_size": 2} if module is grpo else {}
+    extra.update({"policy": "toy_policies:ToyVLA"} if module is ppo_vla_async else {})  # (a VLA trainer: a toy VLA)
     args = module.Args(
         env_id="PushCubeRL",
         env_kwargs='{"obs_mode": "rgb", "image_size": 36}',

@@ -398,7 +398,7 @@ def test_old_checkpoints_load_unless_they_used_what_only_the_vla_trainers_have_n
     a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (first, resumed))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # it went on where it stopped
 
-    vla = {"ppo_continuous": "ppo_vla.py", "ppo_ddp": "ppo_vla_ddp.py"}[script]
+    vla = "ppo_vla.py"  # the VLA sibling of the trainer that loads it (ppo_ddp.py would name ppo_vla_ddp.py)
     cases = [("action_head", "bins"), ("action_chunk", 4), ("micro_batch_size", 7), ("autocast", "bf16")]
     for key, value in cases + ([("fsdp", True)] if script == "ppo_ddp" else []):
         torch.save(dict(old, args={**old["args"], key: value}), path)

@@ -191,10 +191,10 @@ def test_world_of_one_without_torchrun_is_ppo_continuous_bit_for_bit(tmp_path):
 
 
 def test_ppo_ddp_holds_ppo_continuous_agent_and_checks_as_the_same_code():
-    """Beyond tests/test_copies_identical.py: the Agent, the --policy hook, the refusal of checkpoints that the VLA
-    trainers train now, and the normalizer but for its update (ppo_ddp's merges the batches of every rank)."""
+    """Beyond tests/test_copies_identical.py: the Agent, the --policy hook and the normalizer but for its update
+    (ppo_ddp's merges the batches of every rank)."""
     ours, theirs = (ast.parse(Path(m.__file__).read_text()) for m in (ppo_continuous, ddp))
-    names = ("Agent", "make_agent", "VLA_ONLY", "refuse_vla_checkpoint", "RunningMeanStd")
+    names = ("Agent", "make_agent", "RunningMeanStd")
 
     def code(tree: ast.Module) -> dict[str, str]:
         found = {}

@@ -354,7 +354,9 @@ def test_a_ppo_async_checkpoint_from_before_the_split_is_refused_in_one_line(tmp
             with pytest.raises(SystemExit) as e:
                 ppo_vla_async.main(tiny_args(tmp_path / "b", iterations=2, **{flag: str(path)}))
             message = str(e.value.code)
-            assert "\n" not in message and "ppo_async.py" in message and "issue 37" in message, message
+            assert "\n" not in message and "ppo_async.py" in message and "before the VLA trainers split" in message, (
+                message
+            )
             assert not (tmp_path / "b").exists()
 
 

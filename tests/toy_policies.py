@@ -14,7 +14,7 @@ import time
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from cleanrl_embodied.shared.tensordict_helpers import state_dim, state_vector
+from cleanrl_embodied.shared.tensordict_helpers import state_dim, float_entries
 
 
 def _agent_class(args):
@@ -75,14 +75,14 @@ class ToyVLA(torch.nn.Module):
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
     def forward(self, obs):
-        state = state_vector(obs)
+        state = float_entries(obs)
         return self._dist(state), self.critic(state).squeeze(-1).float()
 
     def dist(self, obs):
-        return self._dist(state_vector(obs))
+        return self._dist(float_entries(obs))
 
     def get_value(self, obs):
-        return self.critic(state_vector(obs)).squeeze(-1).float()
+        return self.critic(float_entries(obs)).squeeze(-1).float()
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if not self.bins:

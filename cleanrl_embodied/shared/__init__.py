@@ -1,22 +1,116 @@
-"""The small shared package the trainers import: env contract, TensorDict helpers, logging."""
+"""The small shared package the trainers import as ``from cleanrl_embodied import shared``: the env contract and its
+builders, TensorDict helpers, logging and run-keeping (checkpoint files and their checks, random streams, stop
+signals, the evaluation loop). It holds no algorithm: networks, heads, discounting, advantages, losses, the update
+and what a checkpoint holds live in each trainer. Every name a trainer uses is here, as ``shared.<name>``."""
 
-from cleanrl_embodied.shared.checkpoints import check_dims
+from cleanrl_embodied.shared.builders import EnvOptions, build_env, build_policy, load_factory
+from cleanrl_embodied.shared.checkpoints import (
+    check_env_sizes,
+    env_record,
+    frozen_fingerprint,
+    load_checkpoint,
+    load_model_state,
+    load_optimizer,
+    load_start,
+    model_state,
+    note_schedule_change,
+    rng_state,
+    set_rng_state,
+)
+from cleanrl_embodied.shared.cli import RunArgs, check_args, fail, flag
+from cleanrl_embodied.shared.distributed import (
+    broadcast_model,
+    check_in_sync,
+    copy_unsharded_into,
+    process_group,
+    unsharded,
+    unsharded_state,
+)
 from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, check_env_id, env_state_dict, load_env_state_dict, make_env
+from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
+from cleanrl_embodied.shared.evaluation import Evaluator, evaluate
+from cleanrl_embodied.shared.language import VOCAB_SIZE
 from cleanrl_embodied.shared.logging import RolloutStats, RunLogger, atomic_save, versions
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, rollout_storage
+from cleanrl_embodied.shared.runtime import (
+    NonFiniteWatch,
+    SkipGuard,
+    StopFlag,
+    autocast,
+    compiler,
+    pick_device,
+    seed_everything,
+    stream_seed,
+)
+from cleanrl_embodied.shared.tensordict_helpers import (
+    flat_dim,
+    flatten_obs,
+    float_entries,
+    image_spaces,
+    micro_batches,
+    obs_for_checkpoint,
+    obs_from_checkpoint,
+    rollout_storage,
+    state_dim,
+    token_spaces,
+)
 
 __all__ = [
     "BUILTIN_ENV_IDS",
+    "VOCAB_SIZE",
+    "EnvOptions",
+    "Evaluator",
+    "NonFiniteWatch",
     "RolloutStats",
+    "RunArgs",
     "RunLogger",
+    "SkipGuard",
+    "StopFlag",
     "atomic_save",
-    "check_dims",
+    "autocast",
+    "broadcast_model",
+    "build_env",
+    "build_policy",
+    "check_args",
     "check_env_id",
+    "check_env_sizes",
+    "check_in_sync",
+    "chunk_space",
+    "compiler",
+    "copy_unsharded_into",
+    "env_record",
     "env_state_dict",
+    "evaluate",
+    "fail",
+    "flag",
     "flat_dim",
     "flatten_obs",
+    "float_entries",
+    "frozen_fingerprint",
+    "image_spaces",
+    "load_checkpoint",
     "load_env_state_dict",
+    "load_factory",
+    "load_model_state",
+    "load_optimizer",
+    "load_start",
     "make_env",
+    "micro_batches",
+    "model_state",
+    "note_schedule_change",
+    "obs_for_checkpoint",
+    "obs_from_checkpoint",
+    "pick_device",
+    "process_group",
+    "rng_state",
     "rollout_storage",
+    "seed_everything",
+    "set_rng_state",
+    "state_dim",
+    "step_chunk",
+    "stream_seed",
+    "supports_partial_reset",
+    "token_spaces",
+    "unsharded",
+    "unsharded_state",
     "versions",
 ]

@@ -7,7 +7,6 @@ safely and says, in one line, why a file cannot serve the run at hand. Files are
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 import json
@@ -20,14 +19,15 @@ import numpy as np
 import torch
 from gymnasium.envs.registration import load_env_creator
 
-from cleanrl_embodied.shared.cli import env_kwargs_for, fail, flag
+from cleanrl_embodied.shared.builders import EnvOptions
+from cleanrl_embodied.shared.cli import fail, flag
 from cleanrl_embodied.shared.envs import BUILTIN_ENVS, resolve_env_id
 from cleanrl_embodied.shared.envs.wrappers import FlattenDictObservation
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim
 
 __all__ = [
     "HARMLESS_ENV_KWARGS",
-    "check_dims",
+    "check_env_sizes",
     "env_record",
     "frozen_fingerprint",
     "load_checkpoint",
@@ -48,8 +48,13 @@ every option but these."""
 
 
 SPLIT_OFF = {"ppo_continuous": "ppo_vla", "ppo_ddp": "ppo_vla_ddp", "ppo_async": "ppo_vla_async", "grpo": "grpo_vla"}
-"""The trainers the VLA trainers split off from (issue 37), each with its VLA trainer: a VLA trainer refuses their
-checkpoints, written before the split or by the classic trainer, in one line that says so."""
+"""The classic trainers (and ppo_async.py, which became ppo_vla_async.py) with the VLA trainer that took over their
+token bins, action chunks, micro-batches, autocast and FSDP. A VLA trainer refuses their checkpoints, and a classic
+trainer refuses one of its own written with one of the ``VLA_ONLY_FLAGS``, each in one line that says so."""
+
+VLA_ONLY_FLAGS = {"action_head": "gaussian", "action_chunk": 1, "micro_batch_size": None, "autocast": "none",
+                  "fsdp": False}  # fmt: skip
+"""Flags the classic trainers had before the VLA trainers split off, with the one value a classic trainer can serve."""
 
 
 def _plain(value: Any) -> Any:
@@ -81,14 +86,13 @@ def observation_layout(envs) -> dict:
     return {"flattened": False, "leaves": _leaves(envs.single_observation_space)}
 
 
-def env_record(args: Any, envs) -> dict:
+def env_record(options: EnvOptions, envs) -> dict:
     """What a checkpoint records of its env: the id, the options its training and eval envs were built with (as
-    dicts: ``--env-kwargs``, and what the eval envs got, :func:`~shared.cli.env_kwargs_for`) and the
-    :func:`observation_layout` of ``envs``."""
+    dicts, :meth:`EnvOptions.kwargs`) and the :func:`observation_layout` of ``envs``."""
     return {
-        "env_id": args.env_id,
-        "env_kwargs": env_kwargs_for(args, "env_kwargs"),
-        "eval_env_kwargs": env_kwargs_for(args, "eval_env_kwargs"),
+        "env_id": options.env_id,
+        "env_kwargs": options.kwargs(eval_envs=False),
+        "eval_env_kwargs": options.kwargs(eval_envs=True),
         "observation": observation_layout(envs),
     }
 
@@ -132,19 +136,20 @@ def _env_differences(env_id: str, theirs: dict, ours: dict) -> list[tuple[str, A
     return differences
 
 
-def _check_env(ckpt: dict, path: str, flag_name: str, args: Any, kwargs_flag: str, show: bool) -> None:
+def _check_env(ckpt: dict, path: str, flag_name: str, options: EnvOptions, eval_envs: bool, show: bool) -> None:
     """Refuse, in one line, a checkpoint whose env had other options that change what the policy sees or what its
-    actions mean than this run's ``args.<kwargs_flag>``; name the allowed differences in a note. An
+    actions mean than this run's training envs (or eval envs: ``eval_envs``); name the allowed differences in a note. An
     ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written before they recorded
     their env (issue 28) are checked against the options in their ``args``."""
     record = ckpt.get("env") or {
         key: json.loads(ckpt["args"].get(key) or "{}") for key in ("env_kwargs", "eval_env_kwargs")
     }
-    ours = env_kwargs_for(args, kwargs_flag)
+    ours = options.kwargs(eval_envs)
+    kwargs_flag = "eval_env_kwargs" if eval_envs else "env_kwargs"
     theirs = [("--env-kwargs", record["env_kwargs"])]
     if flag_name == "eval_checkpoint":
         theirs.append(("--eval-env-kwargs", record["eval_env_kwargs"]))
-    differences = [(their_flag, _env_differences(args.env_id, kwargs, ours)) for their_flag, kwargs in theirs]
+    differences = [(their_flag, _env_differences(options.env_id, kwargs, ours)) for their_flag, kwargs in theirs]
     if any(not found for _, found in differences):
         return
     for their_flag, found in differences:
@@ -170,19 +175,19 @@ def load_checkpoint(
     path: str,
     flag_name: str,
     scripts: Iterable[str],
-    args: Any,
-    same: Iterable[str],
+    same: dict[str, Any],
+    env: EnvOptions | None = None,
+    eval_envs: bool = False,
     show: bool = True,
-    env_kwargs: str | None = "env_kwargs",
 ) -> dict:
     """Load ``path`` on the CPU (``weights_only=True``) and check it can serve this run.
 
-    ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry); ``same``: Args fields
-    that must equal the checkpoint's (each mismatch is one line naming the flag); ``env_kwargs``: the Args field
-    (``"env_kwargs"`` or ``"eval_env_kwargs"``) with the env options this run uses the checkpoint's policy in,
-    which must agree with the checkpoint's on everything that changes what the policy sees or what its actions
-    mean (see :data:`HARMLESS_ENV_KWARGS`; None: not checked). Fails with one line for a missing or unreadable
-    file, another trainer's checkpoint or a mismatch.
+    ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry), the loading one first; ``same``: {Args field: this
+    run's value} of the flags that must equal the checkpoint's (each mismatch is one line naming the flag; a flag
+    the checkpoint's trainer did not have is not compared); ``env``: the env options this run uses the checkpoint's
+    policy with (its training envs, or its eval envs with ``eval_envs``), which must agree with the checkpoint's on
+    everything that changes what the policy sees or what its actions mean (see :data:`HARMLESS_ENV_KWARGS`; None:
+    not checked). Fails with one line for a missing or unreadable file, another trainer's checkpoint or a mismatch.
     """
     scripts = tuple(scripts)
     try:
@@ -199,46 +204,65 @@ def load_checkpoint(
             f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)}"
             + (f" (it is from {found}.py)" if found else "")
             + (
-                f": a checkpoint of the old {found}.py, from before the VLA trainers split off (issue 37), resumes "
-                f"only with the version of {found}.py that wrote it; retrain with {scripts[0]}.py"
+                f": a checkpoint of {found}.py, whose policies {scripts[0]}.py does not read (a checkpoint of the "
+                f"old {found}.py, from before the VLA trainers split off, resumes only with the version that wrote "
+                f"it); train with {scripts[0]}.py"
                 if split
                 else ""
             ),
             show,
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else {}
-    for key in same:  # a flag the checkpoint's trainer did not have yet ran with its default
-        theirs, ours = ckpt["args"].get(key, defaults.get(key)), getattr(args, key)
+    used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY_FLAGS.items() if ckpt["args"].get(k, ok) != ok]
+    if used and ckpt["script"] in SPLIT_OFF:  # the VLA sibling of the trainer that loads it (listed first)
+        vla = SPLIT_OFF.get(scripts[0], SPLIT_OFF[ckpt["script"]])
+        fail(
+            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only {vla}.py "
+            f"has since the VLA trainers split off: train such a policy with {vla}.py, or use this checkpoint with "
+            "the version that wrote it",
+            show,
+        )
+    for key, ours in same.items():
+        theirs = ckpt["args"].get(key, ours)
         if _plain(theirs) != _plain(ours):
             fail(
                 f"{flag(flag_name)} {path} was trained with {flag(key)} {theirs}, this run has {ours}; "
                 "pass the same value",
                 show,
             )
-    if env_kwargs is not None:
-        _check_env(ckpt, path, flag_name, args, env_kwargs, show)
+    if env is not None:
+        if env.env_id != ckpt["args"].get("env_id", env.env_id):
+            fail(f"{flag(flag_name)} {path} was trained on --env-id {ckpt['args']['env_id']}, this run has "
+                 f"{env.env_id}; pass the same value", show)  # fmt: skip
+        _check_env(ckpt, path, flag_name, env, eval_envs, show)
     return ckpt
 
 
 def load_start(
-    args: Any, scripts: Iterable[str], same: tuple[str, ...], resume_same: tuple[str, ...] = (), read: bool = True
-) -> tuple[dict | None, str]:
-    """The checkpoint ``--resume`` or ``--eval-checkpoint`` names (None if neither is given) and that flag's
-    name, for later messages. ``same``: the Args fields both uses must share with the checkpoint (the network
-    and what it sees); ``resume_same``: the further fields a resumed run must keep (see ``load_checkpoint``).
-    ``read=False`` (DDP ranks other than 0, which get the content by broadcast): only the flag's name."""
-    flag_name, path = ("resume", args.resume) if args.resume else ("eval_checkpoint", args.eval_checkpoint)
+    resume: str | None,
+    eval_checkpoint: str | None,
+    scripts: Iterable[str],
+    env: EnvOptions,
+    same: dict[str, Any],
+    resume_same: dict[str, Any] | None = None,
+    read: bool = True,
+) -> tuple[dict | None, str, str | None]:
+    """The checkpoint ``--resume`` or ``--eval-checkpoint`` names (None if neither is given), that flag's name and the
+    path, for later messages. ``same``: {Args field: value} of what both uses must share with the checkpoint (the
+    network and what it sees, besides the env id and options, which ``env`` gives); ``resume_same``: what a resumed
+    run must also keep (see :func:`load_checkpoint`). ``read=False`` (DDP ranks other than 0, which get the content
+    by broadcast): nothing is read."""
+    flag_name, path = ("resume", resume) if resume else ("eval_checkpoint", eval_checkpoint)
     if not path or not read:
-        return None, flag_name
-    same, env_kwargs = (same + resume_same, "env_kwargs") if args.resume else (same, "eval_env_kwargs")
-    return load_checkpoint(path, flag_name, scripts, args, same, env_kwargs=env_kwargs), flag_name
+        return None, flag_name, path
+    same = {**same, **(resume_same or {})} if resume else same
+    return load_checkpoint(path, flag_name, scripts, same, env, eval_envs=not resume), flag_name, path
 
 
 def _describe_leaf(leaf: list | None) -> str:
     return "nothing" if leaf is None else f"{leaf[0] or '(a vector)'} {tuple(leaf[1])} {leaf[2]}"
 
 
-def check_dims(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -> tuple[int, int]:
+def check_env_sizes(envs, *checkpoints: tuple[dict | None, str], show: bool = True) -> tuple[int, int]:
     """The flat observation size and the action size of ``envs``; fails with one line if a checkpoint, given
     as ``(ckpt, flag_name)`` (``ckpt`` None: nothing loaded), was saved for an env with other sizes, or, where it
     recorded its env's :func:`observation_layout`, with other observation entries (keys, order, shapes, dtypes)."""
@@ -323,7 +347,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, sharded: torch
     """``optimizer.load_state_dict(state)``, keeping each learning rate the tensor it was (a compiled optimizer step
     reads it without recompiling when the schedule changes it); a checkpoint's plain float learning rate (older
     runs) is copied into that tensor. ``sharded``: the module (under FSDP) whose parameters the optimizer holds;
-    ``state`` is then whole and keyed by parameter names (``shared.distributed.whole_state``), and every rank
+    ``state`` is then whole and keyed by parameter names (``shared.distributed.unsharded_state``), and every rank
     takes its shards of it."""
     lrs = [group["lr"] for group in optimizer.param_groups]
     if sharded is None:

@@ -1,5 +1,5 @@
-"""Command-line plumbing the trainers share: the flags every trainer has (`RunArgs`), the one failure style,
-flag checks, and building what the flags name (the envs, a `--policy module:factory` agent).
+"""Command-line plumbing the trainers share: the run-keeping flags every trainer has (`RunArgs`), the one failure
+style and the flag checks.
 
 Every user mistake ends the same way, in every trainer: one line ``error: <what went wrong, naming the flag
 and the allowed values>`` on stderr, no traceback, exit status 1, before anything is built.
@@ -7,28 +7,21 @@ and the allowed values>`` on stderr, no traceback, exit status 1, before anythin
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
-from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS, check_env_id, make_env
+from cleanrl_embodied.shared.envs import check_env_id
 
 __all__ = [
     "RunArgs",
     "UsageError",
-    "build_env",
-    "build_policy",
     "check_args",
-    "env_kwargs_for",
     "fail",
     "flag",
-    "load_factory",
 ]
 
 
@@ -165,78 +158,3 @@ def check_args(
             check_env_id(args.env_id)
         except ValueError as e:
             fail(str(e), show)
-
-
-def env_kwargs_for(args: Any, kwargs_flag: str) -> dict:
-    """The keyword arguments the envs of ``args.<kwargs_flag>`` are built with. The training envs
-    (``"env_kwargs"``): ``--env-kwargs``. The eval envs (``"eval_env_kwargs"``): ``--env-kwargs`` without the
-    keys that randomize or disturb the env (``RANDOMIZATION_KWARGS``: evaluation measures the nominal task), then
-    updated with ``--eval-env-kwargs``, which overrides or adds keys (a randomization key named there applies)."""
-    own = json.loads(getattr(args, kwargs_flag))
-    if kwargs_flag != "eval_env_kwargs":
-        return own
-    inherited = {k: v for k, v in json.loads(args.env_kwargs).items() if k not in RANDOMIZATION_KWARGS}
-    return {**inherited, **own}
-
-
-def build_env(args: Any, kwargs_flag: str, num_envs: int, seed: int, device: torch.device, like=None):
-    """``make_env(args.env_id, ...)`` with the env kwargs of ``args.<kwargs_flag>`` (:func:`env_kwargs_for`: the
-    eval envs inherit the training envs' kwargs); a bad keyword argument becomes one line naming the flag(s) that
-    carried it. ``like``: envs (the eval envs) whose observation and action spaces these must have, since one
-    policy acts in both."""
-    kwargs = env_kwargs_for(args, kwargs_flag)
-    flags = flag(kwargs_flag)
-    if kwargs_flag == "eval_env_kwargs" and set(kwargs) - set(json.loads(args.eval_env_kwargs)):
-        flags = "--env-kwargs (inherited by the eval envs) / --eval-env-kwargs"
-    try:
-        envs = make_env(
-            args.env_id, num_envs=num_envs, device=device, seed=seed, vectorization=args.env_vectorization, **kwargs
-        )
-    except (TypeError, ValueError) as e:  # the kwargs are named only where there are some to blame
-        fail(f"{flags} / --env-id {args.env_id}: {e}" if kwargs else f"--env-id {args.env_id}: {e}")
-    for name in ("single_observation_space", "single_action_space") if like is not None else ():
-        if getattr(envs, name) != getattr(like, name):
-            fail(
-                f"{flag(kwargs_flag)} and --eval-env-kwargs give envs of different {name.split('_')[1]} spaces "
-                f"({getattr(envs, name)} vs {getattr(like, name)}): one policy acts in both, and the eval envs "
-                f"inherit --env-kwargs, so leave options that change them (e.g. obs_mode, image_size, action_mode) "
-                f"out of --eval-env-kwargs"
-            )
-    return envs
-
-
-def load_factory(spec: str, flag_name: str) -> Callable:
-    """``module:attribute`` -> the attribute (after importing the module), or one line naming the flag."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        fail(f"{flag(flag_name)} must be module:factory (e.g. my_lab.policies:make_agent), got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        fail(f"{flag(flag_name)} {spec}: cannot import {module_name!r} ({e}); is it installed or on PYTHONPATH?")
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        fail(f"{flag(flag_name)} {spec}: {module_name} has no callable {attr!r}")
-    return factory
-
-
-def build_policy(
-    spec: str, policy_kwargs: str, obs_space, act_space, args: Any, needs: Iterable[str]
-) -> torch.nn.Module:
-    """The module ``--policy module:factory`` builds: ``factory(obs_space, act_space, args, **policy_kwargs)``
-    (``policy_kwargs``: the JSON object of ``--policy-kwargs``; ``args``, the trainer's Args, is what the policy
-    contract hands a factory); one line if it is not an ``nn.Module`` or lacks one of ``needs`` (the methods and
-    attributes the trainer uses)."""
-    factory = load_factory(spec, "policy")
-    module = factory(obs_space, act_space, args, **json.loads(policy_kwargs))
-    if not isinstance(module, torch.nn.Module):
-        fail(f"--policy {spec}: the factory must return a torch.nn.Module, got {type(module).__name__}")
-    # every nn.Module has a `forward` attribute (one that raises): only a class's own counts as provided
-    missing = [
-        name
-        for name in needs
-        if not hasattr(module, name) or (name == "forward" and type(module).forward is torch.nn.Module.forward)
-    ]
-    if missing:
-        fail(f"--policy {spec}: the module lacks {', '.join(missing)} (docs/policies.md: what a policy provides)")
-    return module

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
 from cleanrl_embodied.shared.cli import fail
 
-__all__ = ["broadcast_model", "check_in_sync", "full", "gather_into", "process_group", "whole_state"]
+__all__ = ["broadcast_model", "check_in_sync", "copy_unsharded_into", "process_group", "unsharded", "unsharded_state"]
 
 
 def _join(backend: str, cuda: bool, timeout_s: int, create: bool) -> tuple[torch.device, str]:
@@ -89,29 +89,29 @@ def broadcast_model(module: torch.nn.Module) -> None:
                 dist.broadcast(value.data, src=0)
 
 
-def full(tensor: torch.Tensor) -> torch.Tensor:
+def unsharded(tensor: torch.Tensor) -> torch.Tensor:
     """A sharded tensor (DTensor, e.g. a parameter under FSDP) gathered whole on every rank (a collective); any other
     tensor as it is."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def gather_into(copy: torch.nn.Module, module: torch.nn.Module) -> None:
+def copy_unsharded_into(copy: torch.nn.Module, module: torch.nn.Module) -> None:
     """Copy ``module``'s trainable parameters and buffers, gathered whole where FSDP shards them (a collective:
     every rank calls it), into ``copy``, a plain module of the same architecture (its frozen weights it builds
     itself)."""
     state = copy.state_dict()
     with torch.no_grad():
         for key, value in model_state(module).items():
-            state[key].copy_(full(value))
+            state[key].copy_(unsharded(value))
 
 
-def whole_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, sharded: bool) -> tuple[dict, dict]:
+def unsharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, sharded: bool) -> tuple[dict, dict]:
     """What a checkpoint holds of the model (``model_state``) and of the optimizer, whole: with ``sharded`` (FSDP)
     gathered from every rank (a collective: every rank calls it; the optimizer's state keyed by parameter names,
     as ``torch.distributed.checkpoint`` gives it), else as they are."""
     if not sharded:
         return model_state(module), optimizer.state_dict()
-    model = {key: full(value) for key, value in model_state(module).items()}
+    model = {key: unsharded(value) for key, value in model_state(module).items()}
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     return model, get_optimizer_state_dict(module, optimizer, options=options)
 

@@ -9,7 +9,7 @@ named as Hugging Face tokenizers name them:
 
 The byte-level tokenizer needs no vocabulary, so nothing has to travel with the env for the text to be readable:
 a policy gets the raw strings back with :func:`decode_instructions` (to feed its own tokenizer, e.g. a VLA's), and
-a small built-in agent embeds the ids directly (``shared.encoders.InstructionEncoder``). Everything here works on
+a small built-in agent embeds the ids directly (the classic trainers' ``InstructionEncoder``). Everything here works on
 the whole batch with tensor ops, except the two conversions to and from Python strings.
 """
 

@@ -75,12 +75,12 @@ def _float_boxes(space: gym.Space) -> list[gym.spaces.Box]:
 
 
 def state_dim(space: gym.Space) -> int:
-    """Size of :func:`state_vector` for observations of ``space``: all its float entries (not the images, not the
+    """Size of :func:`float_entries` for observations of ``space``: all its float entries (not the images, not the
     instruction tokens)."""
     return sum(int(np.prod(box.shape)) for box in _float_boxes(space))
 
 
-def state_vector(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
+def float_entries(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
     """The float part of an observation as one float32 vector per row: a plain tensor as it is, a TensorDict's
     float leaves concatenated in sorted key order (:func:`flatten_obs`'s order), ``[..., 0]`` if it has none.
     This is what observation normalization sees: images and instruction tokens are never normalized."""
@@ -115,13 +115,13 @@ def zeros_like_space(space: gym.Space, batch_shape: tuple[int, ...], device) -> 
     return torch.zeros((*batch_shape, *space.shape), dtype=dtype, device=device)
 
 
-def saveable(obs: TensorDict | torch.Tensor) -> dict | torch.Tensor:
+def obs_for_checkpoint(obs: TensorDict | torch.Tensor) -> dict | torch.Tensor:
     """An observation as what ``torch.load(weights_only=True)`` reads back: a TensorDict becomes nested dicts."""
     return obs.to_dict() if isinstance(obs, TensorDict) else obs
 
 
-def from_saved(value: dict | torch.Tensor, device: torch.device | str) -> TensorDict | torch.Tensor:
-    """Undo :func:`saveable` (batch size: the first dimension), on ``device``."""
+def obs_from_checkpoint(value: dict | torch.Tensor, device: torch.device | str) -> TensorDict | torch.Tensor:
+    """Undo :func:`obs_for_checkpoint` (batch size: the first dimension), on ``device``."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     return TensorDict(value, device=device).auto_batch_size_(batch_dims=1)
