@@ -36,37 +36,11 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_env_sizes, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    frozen_fingerprint,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    model_state,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    autocast,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import obs_from_checkpoint, micro_batches, obs_for_checkpoint
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
     exp_name: str = "ppo_vla"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -139,7 +113,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluatio
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the flag, before anything is built."""
-    check_args(
+    shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
@@ -162,21 +136,21 @@ ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy'
 def make_agent(envs, args: Args) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
     env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
-    if args.action_chunk > 1 and not supports_partial_reset(envs):
-        fail(
+    if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
+        shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action")
-    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
                         args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
     """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
     space = envs.single_action_space
-    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+    return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
 def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
@@ -214,7 +188,7 @@ def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
     (next_obs, reward, discount, steps, terminated, truncated, info): the decision's reward is the discounted sum of
     the rewards of the `steps` [N] env steps it ran (an episode that ends inside the chunk stops there), its
     discount gamma^steps, what `compute_gae` multiplies V(next obs) by."""
-    next_obs, rewards, executed, terminated, truncated, info = step_chunk(envs, env_action)
+    next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(envs, env_action)
     powers = gamma ** torch.arange(env_action.shape[1], device=rewards.device)[:, None]
     reward = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum inside the chunk
     steps = executed.sum(0)
@@ -305,52 +279,57 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 def main(args: Args) -> dict:
     validate(args)
-    ckpt, ckpt_flag = load_start(  # it must match the policy and what it sees; on --resume also the env
-        args,
+    env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
+    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
+        args.resume,
+        args.eval_checkpoint,
         ["ppo_vla", "ppo_vla_ddp"],
-        same=("env_id", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=("num_envs", "num_steps", "learning_rate", "anneal_lr"),  # env state, the LR schedule's base
+        env_options,
+        same={k: flags[k] for k in ("policy", "policy_kwargs", *ACTION_ARGS)},
+        resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr")},
     )
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
-    seed_everything(args.seed, args.torch_deterministic)
-    device = pick_device(args.cuda)
+    shared.seed_everything(args.seed, args.torch_deterministic)
+    device = shared.pick_device(args.cuda)
 
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, stream_seed(args.seed, "eval_envs"), device)
-    obs_dim, act_dim = check_env_sizes(eval_envs, (ckpt, ckpt_flag))
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
+    eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
+    obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
-        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag))
-    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = RunLogger("ppo_vla", args, total_iterations=num_iterations)
-    evaluator = Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path)
+    frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
+    logger = shared.RunLogger("ppo_vla", args, total_iterations=num_iterations)
+    evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    env_seed = stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
-    envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
+    env_seed = shared.stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
+    envs = shared.build_env(env_options, args.num_envs, env_seed, device, eval_envs=False, like=eval_envs)
     params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
     policy, value_fn = compiled(partial(policy_step, agent)), compiled(agent.get_value)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
     global_step, start_iteration = 0, 1
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
-        load_optimizer(optimizer, ckpt["optimizer"])
+        shared.load_optimizer(optimizer, ckpt["optimizer"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         evaluator.best_key = tuple(ckpt["best_key"])
-        note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes
-            load_env_state_dict(envs, ckpt["env_state"])
-            next_obs = obs_from_checkpoint(ckpt["next_obs"], device)
-        set_rng_state(ckpt["rng"])
+            shared.load_env_state_dict(envs, ckpt["env_state"])
+            next_obs = shared.obs_from_checkpoint(ckpt["next_obs"], device)
+        shared.set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} "
         f"iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
@@ -360,7 +339,7 @@ def main(args: Args) -> dict:
         state = {
             "script": "ppo_vla",
             "args": dataclasses.asdict(args),
-            "model": model_state(agent),  # trainable parameters and buffers
+            "model": shared.model_state(agent),  # trainable parameters and buffers
             "frozen": frozen,
             "optimizer": optimizer.state_dict(),
             "iteration": iteration,
@@ -369,15 +348,17 @@ def main(args: Args) -> dict:
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
-            "env": env_record(args, eval_envs),  # id, options, observation layout: a resume must match them
-            "rng": rng_state(),
-            "env_state": env_state_dict(envs),
-            "next_obs": obs_for_checkpoint(next_obs),
+            "env": shared.env_record(
+                env_options, eval_envs
+            ),  # id, options, observation layout: a resume must match them
+            "rng": shared.rng_state(),
+            "env_state": shared.env_state_dict(envs),
+            "next_obs": shared.obs_for_checkpoint(next_obs),
         }
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
-    storage = rollout_storage(
+    storage = shared.rollout_storage(
         args.num_steps,
         args.num_envs,
         device,
@@ -387,21 +368,22 @@ def main(args: Args) -> dict:
         **dict.fromkeys(("terminated", "done"), ((), torch.bool)),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
+    amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
-    guard = SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
+    guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+    # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (with what is known)
+    with shared.StopFlag(logger.write) as stop, logger:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
 
             # ---- rollout: no host sync inside this loop on a GPU ----
-            rollout_stats = RolloutStats(device, task_names)
-            watch = NonFiniteWatch(args.num_envs, device)
+            rollout_stats = shared.RolloutStats(device, task_names)
+            watch = shared.NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
                     with amp():
@@ -451,7 +433,7 @@ def main(args: Args) -> dict:
                     mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
+                    for piece in shared.micro_batches(mb, micro_batch_size):
                         with amp():
                             out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])
@@ -498,18 +480,18 @@ def main(args: Args) -> dict:
             if stop.requested:
                 break
 
-    checkpoint = save_checkpoint("last.pt")
-    if not stop.requested:
-        eval_result, is_best = evaluator.run(act, global_step)
-        if is_best:
-            save_checkpoint("best.pt")
-            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
-    wall = time.time() - start_time
-    logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
-    envs.close()
-    eval_envs.close()
-    if stop.requested:
-        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
+        checkpoint = save_checkpoint("last.pt")
+        if not stop.requested:
+            eval_result, is_best = evaluator.run(act, global_step)
+            if is_best:
+                save_checkpoint("best.pt")
+                checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
+        wall = time.time() - start_time
+        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
+        envs.close()
+        eval_envs.close()
+        if stop.requested:
+            sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step}
 
 

@@ -142,8 +142,8 @@ def make_agent(envs, args: Args) -> nn.Module:
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action")
-    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
-                        args, needs)  # fmt: skip
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
+                               action_space(envs, args), args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):

@@ -20,6 +20,7 @@ hold whole tensors (a resume keeps `--fsdp`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -35,44 +36,11 @@ import tyro
 from tensordict import TensorDict, from_module
 from torch.distributed.fsdp import fully_shard
 
-from cleanrl_embodied.shared import RolloutStats, RunLogger, atomic_save, check_env_sizes, rollout_storage
-from cleanrl_embodied.shared.checkpoints import (
-    env_record,
-    frozen_fingerprint,
-    load_model_state,
-    load_optimizer,
-    load_start,
-    note_schedule_change,
-    rng_state,
-    set_rng_state,
-)
-from cleanrl_embodied.shared.cli import RunArgs, build_env, build_policy, check_args, fail
-from cleanrl_embodied.shared.distributed import (
-    broadcast_model,
-    check_in_sync,
-    unsharded,
-    copy_unsharded_into,
-    process_group,
-    unsharded_state,
-)
-from cleanrl_embodied.shared.envs import env_state_dict, load_env_state_dict
-from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, supports_partial_reset
-from cleanrl_embodied.shared.evaluation import Evaluator
-from cleanrl_embodied.shared.runtime import (
-    NonFiniteWatch,
-    SkipGuard,
-    StopFlag,
-    autocast,
-    compiler,
-    pick_device,
-    seed_everything,
-    stream_seed,
-)
-from cleanrl_embodied.shared.tensordict_helpers import obs_from_checkpoint, micro_batches, obs_for_checkpoint
+from cleanrl_embodied import shared
 
 
 @dataclass
-class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
+class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
     exp_name: str = "ppo_vla_ddp"
     """the name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -155,7 +123,7 @@ class Args(RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluatio
 
 def validate(args: Args, show: bool) -> None:
     """Reject bad input with one line naming the flag (printed by rank 0), before any process group exists."""
-    check_args(
+    shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
@@ -167,8 +135,8 @@ def validate(args: Args, show: bool) -> None:
         minibatches_of=args.num_envs * args.num_steps,  # each rank's rollout
         show=show,
     )  # fmt: skip
-    if args.backend == "nccl" and pick_device(args.cuda).type != "cuda":
-        fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
+    if args.backend == "nccl" and shared.pick_device(args.cuda).type != "cuda":
+        shared.fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
 
 
 COMPILE_PAYS_AFTER = 10_000
@@ -181,21 +149,21 @@ ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy'
 def make_agent(envs, args: Args) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
     env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
-    if args.action_chunk > 1 and not supports_partial_reset(envs):
-        fail(
+    if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
+        shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action")
-    return build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
                         args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
     """One decision's action space: the env's, or with --action-chunk K > 1 a chunk of K of them ([K, D])."""
     space = envs.single_action_space
-    return chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
+    return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
 def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
@@ -233,7 +201,7 @@ def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
     (next_obs, reward, discount, steps, terminated, truncated, info): the decision's reward is the discounted sum of
     the rewards of the `steps` [N] env steps it ran (an episode that ends inside the chunk stops there), its
     discount gamma^steps, what `compute_gae` multiplies V(next obs) by."""
-    next_obs, rewards, executed, terminated, truncated, info = step_chunk(envs, env_action)
+    next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(envs, env_action)
     powers = gamma ** torch.arange(env_action.shape[1], device=rewards.device)[:, None]
     reward = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum inside the chunk
     steps = executed.sum(0)
@@ -338,20 +306,25 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
-    ckpt, ckpt_flag = load_start(  # it must match the policy and what it sees; on --resume also the env
-        args,
-        ["ppo_vla", "ppo_vla_ddp"],
-        same=("env_id", "policy", "policy_kwargs", *ACTION_ARGS),
-        resume_same=("num_envs", "num_steps", "learning_rate", "anneal_lr", "fsdp"),  # env state, LR schedule
-        read=rank == 0,
-    )  # the others get the content from rank 0
-    with process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, backend):
-        return train(args, ckpt, ckpt_flag, dist.get_rank(), dist.get_world_size(), device, backend)
+    env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
+    flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
+    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
+        args.resume,
+        args.eval_checkpoint,
+        ["ppo_vla_ddp", "ppo_vla"],
+        env_options,
+        same={k: flags[k] for k in ("policy", "policy_kwargs", *ACTION_ARGS)},
+        resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr", "fsdp")},
+        read=rank == 0,  # the others get the content from rank 0
+    )
+    with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
+        return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
 
 
 def train(
-    args: Args, ckpt: dict | None, ckpt_flag: str, rank: int, world_size: int, device: torch.device, backend: str
+    args: Args, env_options: shared.EnvOptions, start: tuple, rank: int, world_size: int, device: torch.device
 ) -> dict:
+    ckpt, ckpt_flag, ckpt_path = start  # the checkpoint of --resume / --eval-checkpoint (rank 0 read it), flag, path
     batch_size = args.num_envs * args.num_steps  # decisions per rank and rollout (each runs --action-chunk steps)
     minibatch_size = batch_size // args.num_minibatches  # per rank
     steps_per_iteration = batch_size * args.action_chunk * world_size  # env steps of all ranks per iteration
@@ -360,21 +333,21 @@ def train(
         box = [ckpt]
         dist.broadcast_object_list(box, src=0)
         ckpt = box[0]
-    seed_everything(args.seed, args.torch_deterministic, rank)  # this rank's streams (rank 0: ppo_vla.py's)
+    shared.seed_everything(args.seed, args.torch_deterministic, rank)  # this rank's streams (rank 0: ppo_vla.py's)
 
     # Rank r's envs get their own stream, hashed from (seed, r): no two envs of the world share one. Rank 0 evaluates.
-    eval_seed = stream_seed(args.seed, "eval_envs")
-    eval_envs = build_env(args, "eval_env_kwargs", args.num_eval_envs, eval_seed, device) if rank == 0 else None
-    env_seed = stream_seed(args.seed, "train_envs", rank)
-    envs = build_env(args, "env_kwargs", args.num_envs, env_seed, device, like=eval_envs)
-    obs_dim, act_dim = check_env_sizes(envs, (ckpt, ckpt_flag), show=rank == 0)
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")
+    eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, True) if rank == 0 else None
+    env_seed = shared.stream_seed(args.seed, "train_envs", rank)
+    envs = shared.build_env(env_options, args.num_envs, env_seed, device, eval_envs=False, like=eval_envs)
+    obs_dim, act_dim = shared.check_env_sizes(envs, (ckpt, ckpt_flag), show=rank == 0)
     agent = make_agent(envs, args).to(device)
-    broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
+    shared.broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
     if ckpt is not None:  # (after the broadcast: every rank checks the same frozen weights, so all agree)
-        load_model_state(agent, ckpt, ckpt_flag, getattr(args, ckpt_flag), show=rank == 0)
-    frozen = frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = RunLogger("ppo_vla_ddp", args, total_iterations=num_iterations) if rank == 0 else None
-    evaluator = rank == 0 and Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
+        shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path, show=rank == 0)
+    frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
+    logger = shared.RunLogger("ppo_vla_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+    evaluator = rank == 0 and shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     agent_inference = agent  # what the rollout and evaluations act with: with --fsdp a copy of the whole weights
     if args.fsdp:  # (the agent holds shards), refreshed after every update; its build draws from no run stream
         with torch.random.fork_rng(devices=[]):
@@ -400,32 +373,35 @@ def train(
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
-    compiled = compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
+    compiled = shared.compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
     global_step, start_iteration, resume_note = 0, 1, ""
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # model, optimizer and counters from rank 0; env state per rank
-        load_optimizer(optimizer, ckpt["optimizer"], agent if args.fsdp else None)
+        shared.load_optimizer(optimizer, ckpt["optimizer"], agent if args.fsdp else None)
         # iterations are counted in this run's env steps per iteration (chunks and ranks included): in the same
         # world this is ckpt["iteration"] + 1, in another world size the schedule goes on where its steps are
         global_step = ckpt["global_step"]
         start_iteration = global_step // steps_per_iteration + 1
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-            note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+            shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_vla.py checkpoint is a world of one
-        if len(pieces) == world_size and obs_from_checkpoint(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs:
+        if (
+            len(pieces) == world_size
+            and shared.obs_from_checkpoint(pieces[rank]["next_obs"], "cpu").shape[0] == args.num_envs
+        ):
             if pieces[rank]["env_state"] is not None:  # else the envs start fresh episodes
-                load_env_state_dict(envs, pieces[rank]["env_state"])
-                next_obs = obs_from_checkpoint(pieces[rank]["next_obs"], device)
-            set_rng_state(pieces[rank]["rng"])
+                shared.load_env_state_dict(envs, pieces[rank]["env_state"])
+                next_obs = shared.obs_from_checkpoint(pieces[rank]["next_obs"], device)
+            shared.set_rng_state(pieces[rank]["rng"])
         else:
-            rows = obs_from_checkpoint(pieces[0]["next_obs"], "cpu").shape[0]
+            rows = shared.obs_from_checkpoint(pieces[0]["next_obs"], "cpu").shape[0]
             resume_note = f" (checkpoint of {len(pieces)} rank(s) x {rows} envs: envs reset freshly)"
     say(
-        f"device={device} backend={backend} world={world_size} envs/rank={args.num_envs} "
+        f"device={device} backend={dist.get_backend()} world={world_size} envs/rank={args.num_envs} "
         f"batch/rank={batch_size} minibatch/rank={minibatch_size} global_batch={batch_size * world_size} "
         f"iterations={num_iterations} start={start_iteration}{resume_note} run_dir={logger and logger.run_dir}"
     )
@@ -443,24 +419,28 @@ def train(
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
-            "env": env_record(args, envs),  # id, options, observation layout: a resume must match them
+            "env": shared.env_record(env_options, envs),  # id, options, observation layout: a resume must match them
             "world_size": world_size,
             **{k: v for k, v in pieces[0].items() if k not in ("model", "optimizer")},
             "other_ranks": pieces[1:],
         }
-        return str(atomic_save(state, logger.checkpoint_dir / name))
+        return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
-        model, optim = unsharded_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
+        model, optim = shared.unsharded_state(agent, optimizer, args.fsdp)  # (with --fsdp a collective too)
         pieces = [None] * world_size if rank == 0 else None
-        own = {"env_state": env_state_dict(envs), "next_obs": obs_for_checkpoint(next_obs.cpu()), "rng": rng_state()}
+        own = {
+            "env_state": shared.env_state_dict(envs),
+            "next_obs": shared.obs_for_checkpoint(next_obs.cpu()),
+            "rng": shared.rng_state(),
+        }
         dist.gather_object(own, pieces, dst=0)  # what only this rank knows (on the CPU)
         if rank == 0:
             pieces[0].update(model=model, optimizer=optim)
         return pieces
 
     decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
-    storage = rollout_storage(
+    storage = shared.rollout_storage(
         args.num_steps,
         args.num_envs,
         device,
@@ -470,22 +450,23 @@ def train(
         **dict.fromkeys(("terminated", "done"), ((), torch.bool)),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
-    amp = autocast(args.autocast, device)
+    amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(args.micro_batch_size or minibatch_size, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
     iteration, eval_result, checkpoint = start_iteration - 1, None, None
-    guard = SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
+    guard = shared.SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
     next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, 0
     start_time, start_step = time.time(), global_step
     # Ctrl-C/SIGTERM on any rank: all stop after this iteration (agreed in its all-reduce); repeats are absorbed
-    with StopFlag(say, absorb_repeats=True) as stop:  # (torchrun re-sends the signal; 30 s later it kills)
+    # (torchrun re-sends the signal; 30 s later it kills). An error on rank 0 also writes summary.json.
+    with shared.StopFlag(say, absorb_repeats=True) as stop, logger or contextlib.nullcontext():
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
 
             # ---- rollout on this rank: no collective (and on a GPU no host sync) inside this loop ----
-            rollout_stats = RolloutStats(device, task_names)
-            watch = NonFiniteWatch(args.num_envs, device)
+            rollout_stats = shared.RolloutStats(device, task_names)
+            watch = shared.NonFiniteWatch(args.num_envs, device)
             with torch.no_grad():
                 for step in range(args.num_steps):
                     with amp():
@@ -513,7 +494,7 @@ def train(
                 dist.all_reduce(summed)
                 if summed[-2:].sum() > 0:  # every rank stops; the rank(s) that saw it say where
                     watch.check(global_step, args.num_envs * args.action_chunk * world_size, where=f"rank {rank} ")
-                    fail("", show=False)
+                    shared.fail("", show=False)
                 rollout_stats.sums, rollout_stats.env_steps = summed[:-3], summed[-3]  # (the reward terms' steps)
                 global_step += steps_per_iteration
 
@@ -543,7 +524,7 @@ def train(
                     mb = normalize_advantages(mb) if args.norm_adv else mb
                     optimizer.zero_grad(set_to_none=True)
                     loss = stats = None  # the minibatch's, summed over its pieces (their gradients add up)
-                    for piece in micro_batches(mb, micro_batch_size):
+                    for piece in shared.micro_batches(mb, micro_batch_size):
                         with amp():
                             out = backward_fn(agent, piece, args, len(piece) / minibatch_size)
                         loss, stats = out if loss is None else (loss + out[0], stats + out[1])
@@ -553,7 +534,7 @@ def train(
                         mean_loss /= world_size
                     else:
                         mean_loss = sync_gradients(params, world_size, loss)
-                    grad_norm = unsharded(clip_fn(params, args.max_grad_norm))
+                    grad_norm = shared.unsharded(clip_fn(params, args.max_grad_norm))
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue
                     step_fn()
@@ -565,7 +546,7 @@ def train(
                     if float(kl) / world_size > args.target_kl:
                         break
             if args.fsdp:  # the inference copy (rollout, evaluation) gets the updated weights, whole (a collective)
-                copy_unsharded_into(agent_inference, agent)
+                shared.copy_unsharded_into(agent_inference, agent)
 
             # ---- one all-reduce: statistics averaged over ranks, and whether any rank was asked to stop ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
@@ -612,21 +593,21 @@ def train(
                 break
 
         pieces = gather_rank_states()
-        check_in_sync(agent_inference, rank, "at the end")  # (it is the agent, or holds its weights whole)
-    envs.close()
-    if rank == 0:
-        checkpoint = save_checkpoint("last.pt", pieces)
-        if not stopped:
-            eval_result, is_best = evaluator.run(act, global_step)
-            if is_best:
-                save_checkpoint("best.pt", pieces)
-                checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key a resume compares against
-        wall = time.time() - start_time
-        sps = (global_step - start_step) / max(wall, 1e-9)
-        logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
-        eval_envs.close()
-    if stopped:
-        sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
+        shared.check_in_sync(agent_inference, rank, "at the end")  # (it is the agent, or holds its weights whole)
+        envs.close()
+        if rank == 0:
+            checkpoint = save_checkpoint("last.pt", pieces)
+            if not stopped:
+                eval_result, is_best = evaluator.run(act, global_step)
+                if is_best:
+                    save_checkpoint("best.pt", pieces)
+                    checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key to compare against
+            wall = time.time() - start_time
+            sps = (global_step - start_step) / max(wall, 1e-9)
+            logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
+            eval_envs.close()
+        if stopped:
+            sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)
     run_dir, model = str(logger.run_dir) if rank == 0 else None, agent_inference.state_dict()  # (weights, whole)
     return {"run_dir": run_dir, "eval": eval_result, "global_step": global_step, "model": model}
 

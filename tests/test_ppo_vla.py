@@ -193,7 +193,7 @@ def test_a_checkpoint_of_the_trainers_before_the_split_is_refused_in_one_line(sc
             SCRIPTS[script].main(args_for(script, tmp_path / "b", **{flag: str(tmp_path / "old.pt")}))
         message = str(e.value.code)
         assert message.startswith("error: ") and "\n" not in message, message
-        assert f"{old}.py" in message and "issue 37" in message and "version" in message, message
+        assert f"{old}.py" in message and "split off" in message and "version" in message, message
 
 
 @pytest.mark.parametrize(
@@ -209,7 +209,7 @@ def test_a_checkpoint_of_the_trainers_before_the_split_is_refused_in_one_line(sc
 )
 @pytest.mark.parametrize("script", list(SCRIPTS))
 def test_bad_input_is_one_line(script, overrides, flag, tmp_path, monkeypatch):
-    monkeypatch.setattr(SCRIPTS[script], "supports_partial_reset", lambda envs: False)
+    monkeypatch.setattr(SCRIPTS[script].shared, "supports_partial_reset", lambda envs: False)
     with pytest.raises(SystemExit) as e:
         SCRIPTS[script].main(args_for(script, tmp_path, **overrides))
     message = str(e.value.code)
