@@ -172,9 +172,10 @@ class PixelEncoder(nn.Module):
         self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + num_floats
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
-        images = [
-            cnn(F.pad(obs.get(key).float() / 255.0, pad)) for key, cnn, pad in zip(self.keys, self.cnns, self.paddings)
-        ]
+        images = []
+        for key, cnn, pad in zip(self.keys, self.cnns, self.paddings):
+            x = obs.get(key).float() / 255.0
+            images.append(cnn(F.pad(x, pad) if any(pad) else x))
         texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
         return torch.cat([*images, *texts, state], -1)
 
@@ -282,7 +283,7 @@ def informative_groups(advantages: torch.Tensor, group_size: int) -> torch.Tenso
     return (advantages != 0).reshape(T, N // group_size, group_size).any(0).any(-1).repeat_interleave(group_size)
 
 
-def grpo_loss(actor: Actor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics: means over
     the alive samples). GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the
     minibatch size. Masks select with torch.where: a masked sample has ratio 1 and gradient 0, never NaN."""

@@ -221,9 +221,10 @@ class PixelEncoder(nn.Module):
         self.out_dim = features * len(self.keys) + sum(t.out[0].out_features for t in self.texts) + num_floats
 
     def forward(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
-        images = [
-            cnn(F.pad(obs.get(key).float() / 255.0, pad)) for key, cnn, pad in zip(self.keys, self.cnns, self.paddings)
-        ]
+        images = []
+        for key, cnn, pad in zip(self.keys, self.cnns, self.paddings):
+            x = obs.get(key).float() / 255.0
+            images.append(cnn(F.pad(x, pad) if any(pad) else x))
         texts = [text(obs.get(key)) for key, text in zip(self.text_keys, self.texts)]
         return torch.cat([*images, *texts, state], -1)
 

@@ -12,8 +12,8 @@ provides `forward(obs) -> (dist, value)`, `dist(obs)`, `get_value(obs)` and `env
 the raw action [B, *action_shape] (e.g. bin indices), the env gets `env_action` of it. With `--action-chunk K > 1`
 a decision is a chunk of K actions ([K, D], `chunk_space`) that the envs run one by one (`step_decision`): its
 reward is the discounted sum of the rewards of the steps it ran, and GAE discounts it by gamma^(steps it ran).
-`--micro-batch-size` splits minibatches into pieces whose gradients add up (the rollout's forward passes take one
-observation per env); `--autocast bf16` runs the forward passes under bf16 autocast. Checkpoints hold what trains
+`--micro-batch-size` bounds every forward pass: minibatches split into pieces whose gradients add up, the rollout's
+and evaluations' passes into pieces of as many envs; `--autocast bf16` runs the forward passes under bf16 autocast. Checkpoints hold what trains
 (adapters, heads) and a fingerprint of the frozen rest (the factory builds it again).
 
 Read top to bottom: `Args`; the pure functions (`policy_step`, `sample_with`, `eval_action`, `step_decision`,
@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -105,8 +106,8 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     action_chunk: int = 1
     """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
     micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split); the rollout's
-    and evaluations' forward passes take one observation per env"""
+    """the most samples of any forward pass: minibatches split into pieces whose gradients add up, the rollout's and
+    evaluations' passes into pieces of as many envs (None: no split)"""
     autocast: Literal["none", "bf16"] = "none"
     """run the policy's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
 
@@ -176,11 +177,24 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
     return dist.sample(generator=generator)
 
 
-def eval_action(agent: nn.Module, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator; what the env gets (a chunk [N, K, D] with --action-chunk K > 1)."""
-    dist = agent.dist(obs)
-    return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
+    """`fn(obs)` computed on pieces of at most `size` rows and joined (--micro-batch-size bounds every forward)."""
+    if obs.shape[0] <= size:
+        return fn(obs)
+    return torch.cat([fn(piece) for piece in obs.split(size)])
+
+
+def eval_action(
+    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+) -> torch.Tensor:
+    """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+
+    def act(piece):
+        dist = agent.dist(piece)
+        return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+
+    return in_pieces(act, obs, size)
 
 
 def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
@@ -304,7 +318,8 @@ def main(args: Args) -> dict:
     frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = shared.RunLogger("ppo_vla", args, total_iterations=num_iterations)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
-    act = partial(eval_action, agent, deterministic=args.eval_deterministic)
+    max_rows = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
+    act = partial(eval_action, agent, deterministic=args.eval_deterministic, size=max_rows)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
@@ -387,7 +402,7 @@ def main(args: Args) -> dict:
             with torch.no_grad():
                 for step in range(args.num_steps):
                     with amp():
-                        out = policy(next_obs)
+                        out = in_pieces(policy, next_obs, max_rows)
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
@@ -400,7 +415,9 @@ def main(args: Args) -> dict:
                     rollout_stats.add_reward_terms(info, steps)  # (summed over a chunk's steps)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
                         with amp():
-                            storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                            storage["final_value"][step] = in_pieces(
+                                value_fn, info["final_obs"], piece
+                            )  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])
@@ -409,7 +426,7 @@ def main(args: Args) -> dict:
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
                 with amp():
-                    next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                    next_values = torch.cat([storage["value"][1:], in_pieces(value_fn, next_obs, max_rows)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
                 advantages, returns = compute_gae(
                     storage["reward"],

@@ -25,6 +25,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -115,8 +116,8 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     action_chunk: int = 1
     """actions per decision: the policy emits this many at once and the env runs them one by one (a chunk)"""
     micro_batch_size: int | None = None
-    """split each minibatch into pieces of this many samples whose gradients add up (None: no split); the rollout's
-    and evaluations' forward passes take one observation per env"""
+    """the most samples of any forward pass: minibatches split into pieces whose gradients add up, the rollout's and
+    evaluations' passes into pieces of as many envs (None: no split)"""
     autocast: Literal["none", "bf16"] = "none"
     """run the policy's forward passes under bf16 autocast (weights, optimizer and log-probs stay float32)"""
 
@@ -189,11 +190,24 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
     return dist.sample(generator=generator)
 
 
-def eval_action(agent: nn.Module, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the distribution's mode (the Gaussian's mean, the most likely bin), or a sample drawn
-    from the evaluator's own generator; what the env gets (a chunk [N, K, D] with --action-chunk K > 1)."""
-    dist = agent.dist(obs)
-    return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
+    """`fn(obs)` computed on pieces of at most `size` rows and joined (--micro-batch-size bounds every forward)."""
+    if obs.shape[0] <= size:
+        return fn(obs)
+    return torch.cat([fn(piece) for piece in obs.split(size)])
+
+
+def eval_action(
+    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+) -> torch.Tensor:
+    """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+
+    def act(piece):
+        dist = agent.dist(piece)
+        return agent.env_action(dist.mode if deterministic else sample_with(dist, generator))
+
+    return in_pieces(act, obs, size)
 
 
 def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
@@ -353,7 +367,8 @@ def train(
         with torch.random.fork_rng(devices=[]):
             agent_inference = make_agent(envs, args).to(device)
         from_module(agent).data.to_module(agent_inference)
-    act = partial(eval_action, agent_inference, deterministic=args.eval_deterministic)
+    max_rows = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
+    act = partial(eval_action, agent_inference, deterministic=args.eval_deterministic, size=max_rows)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
         envs.close()
         if rank == 0:
@@ -470,7 +485,7 @@ def train(
             with torch.no_grad():
                 for step in range(args.num_steps):
                     with amp():
-                        out = policy(next_obs)
+                        out = in_pieces(policy, next_obs, max_rows)
                     storage["obs"][step] = next_obs
                     for key in ("action", "logprob", "value"):
                         storage[key][step] = out[key]
@@ -483,7 +498,9 @@ def train(
                     rollout_stats.add_reward_terms(info, steps)  # (summed over a chunk's steps)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
                         with amp():
-                            storage["final_value"][step] = value_fn(info["final_obs"])  # read only where done
+                            storage["final_value"][step] = in_pieces(
+                                value_fn, info["final_obs"], piece
+                            )  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])
@@ -500,7 +517,7 @@ def train(
 
                 # ---- advantages: V(next obs) within an episode, V(final_obs) where it ended ----
                 with amp():
-                    next_values = torch.cat([storage["value"][1:], value_fn(next_obs)[None]])
+                    next_values = torch.cat([storage["value"][1:], in_pieces(value_fn, next_obs, max_rows)[None]])
                 next_values = torch.where(storage["done"], storage["final_value"], next_values)
                 advantages, returns = compute_gae(
                     storage["reward"],

@@ -17,30 +17,43 @@ PPO_VLA = ("ppo_vla", "ppo_vla_ddp", "ppo_vla_async")
 VLA = (*PPO_VLA, "grpo_vla")
 
 COPIES: list[tuple[str, tuple[str, ...]]] = [
-    # the classic family's networks
+    # every trainer
+    ("COMPILE_PAYS_AFTER", (*CLASSIC, *VLA)),
+    ("clip_gradients", (*CLASSIC, *VLA)),
+    # the classic family's networks and its PPO
     ("layer_init", CLASSIC),
     ("mlp", CLASSIC),
-    ("MIN_IMAGE_SIZE", CLASSIC),
-    ("needs_encoder", CLASSIC),
     ("InstructionEncoder", CLASSIC),
     ("PixelEncoder", CLASSIC),
-    ("COMPILE_PAYS_AFTER", (*CLASSIC, *VLA)),
-    # PPO
-    ("compute_gae", (*PPO_CLASSIC, *PPO_VLA)),
-    ("normalize_advantages", (*PPO_CLASSIC, *PPO_VLA)),
-    ("clip_gradients", (*CLASSIC, *VLA)),
-    ("ppo_loss", PPO_CLASSIC),
-    ("ppo_loss", PPO_VLA),
-    ("scale_rewards", PPO_CLASSIC),
+    ("Agent", PPO_CLASSIC),
+    ("make_agent", PPO_CLASSIC),
     ("policy_step", PPO_CLASSIC),
     ("eval_action", PPO_CLASSIC),
-    ("backward_piece", PPO_VLA),
+    ("ppo_loss", PPO_CLASSIC),
+    ("scale_rewards", PPO_CLASSIC),
+    # GAE, in both families' PPO
+    ("compute_gae", (*PPO_CLASSIC, *PPO_VLA)),
+    ("normalize_advantages", (*PPO_CLASSIC, *PPO_VLA)),
+    # the VLA family's plumbing of the policy and its PPO
+    ("ACTION_ARGS", VLA),
+    ("action_space", VLA),
+    ("in_pieces", VLA),
     ("sample_with", VLA),
-    # GRPO's group advantages
-    ("returns_to_go", ("grpo", "grpo_vla")),
+    ("eval_action", VLA),
+    ("make_agent", PPO_VLA),
+    ("step_decision", PPO_VLA),
+    ("ppo_loss", PPO_VLA),
+    ("backward_piece", PPO_VLA),
+    ("policy_step", ("ppo_vla", "ppo_vla_ddp")),
+    # data-parallel gradients
+    ("sync_gradients", ("ppo_ddp", "ppo_vla_ddp")),
+    # GRPO, in both families
+    ("group_reset", ("grpo", "grpo_vla")),
     ("first_episode_mask", ("grpo", "grpo_vla")),
     ("group_advantages", ("grpo", "grpo_vla")),
+    ("episode_advantages", ("grpo", "grpo_vla")),
     ("informative_groups", ("grpo", "grpo_vla")),
+    ("grpo_loss", ("grpo", "grpo_vla")),
 ]
 
 
@@ -53,6 +66,8 @@ def definitions(script: str) -> dict[str, str]:
             found[node.name] = ast.dump(node)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found[node.targets[0].id] = ast.dump(node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found[node.target.id] = ast.dump(node)
     return found
 
 

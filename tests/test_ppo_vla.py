@@ -102,24 +102,26 @@ class SizeRecorder(ToyVLA):
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
-def test_micro_batches_bound_the_update_and_the_rollout_takes_one_observation_per_env(script, tmp_path):
-    """--micro-batch-size 3: the update's forward passes (minibatches of 16) run in pieces of at most 3 samples; the
-    rollout's (8 envs) and the evaluation's (5 envs) take one observation per env, never the whole rollout."""
+def test_micro_batches_bound_every_forward_pass(script, tmp_path):
+    """--micro-batch-size 3: the update's forward passes (minibatches of 16) run in pieces of at most 3 samples, and
+    so do the no-grad ones: the rollout's (8 envs: 3 + 3 + 2) and the evaluation's (5 envs: 3 + 2)."""
     SIZES.clear()
     args = args_for(script, tmp_path, policy="test_ppo_vla:SizeRecorder", micro_batch_size=3, num_eval_envs=5,
                     num_eval_episodes=5, action_chunk=2)  # fmt: skip
     train(script, args)
     assert {size for grad, size in SIZES if grad} == {3, 1}  # 16 = 3 * 5 + 1
-    assert {size for grad, size in SIZES if not grad} == {8, 5}
+    assert {size for grad, size in SIZES if not grad} == {3, 2}
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
 def test_micro_batches_give_the_unsplit_update(script, tmp_path):
     """fp32: minibatches of 16 in pieces of 5 (5 + 5 + 5 + 1) take the same optimizer steps as in one piece (and
-    another learning rate gives other weights: the updates do move them)."""
+    another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: the rollouts,
+    whose sampling would otherwise be split too, are the same."""
     models = []
     for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
-        summary = train(script, args_for(script, tmp_path / name, update_epochs=2, target_kl=None, **kw))
+        sizes = dict(num_envs=4, num_minibatches=1, total_timesteps=4 * 4 * 3)
+        summary = train(script, args_for(script, tmp_path / name, update_epochs=2, target_kl=None, **sizes, **kw))
         assert summary["train"]["charts/skipped_updates"] == 0
         models.append(summary["last"]["model"])
     whole, pieces, other = models
