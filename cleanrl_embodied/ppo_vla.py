@@ -13,8 +13,8 @@ the raw action [B, *action_shape] (e.g. bin indices), the env gets `env_action` 
 a decision is a chunk of K actions ([K, D], `chunk_space`) that the envs run one by one (`step_decision`): its
 reward is the discounted sum of the rewards of the steps it ran, and GAE discounts it by gamma^(steps it ran).
 `--micro-batch-size` bounds every forward pass: minibatches split into pieces whose gradients add up, the rollout's
-and evaluations' passes into pieces of as many envs; `--autocast bf16` runs the forward passes under bf16 autocast. Checkpoints hold what trains
-(adapters, heads) and a fingerprint of the frozen rest (the factory builds it again).
+and evaluations' passes into pieces of as many envs; `--autocast bf16` runs the forward passes under bf16 autocast.
+Checkpoints hold what trains (adapters, heads) and a fingerprint of the frozen rest (the factory builds it again).
 
 Read top to bottom: `Args`; the pure functions (`policy_step`, `sample_with`, `eval_action`, `step_decision`,
 `compute_gae`, `ppo_loss`, and the update's `backward_piece` and `clip_gradients`), which torch.compile wraps
@@ -415,9 +415,8 @@ def main(args: Args) -> dict:
                     rollout_stats.add_reward_terms(info, steps)  # (summed over a chunk's steps)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
                         with amp():
-                            storage["final_value"][step] = in_pieces(
-                                value_fn, info["final_obs"], piece
-                            )  # read only where done
+                            final_values = in_pieces(value_fn, info["final_obs"], max_rows)
+                        storage["final_value"][step] = final_values  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])

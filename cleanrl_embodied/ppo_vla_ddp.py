@@ -498,9 +498,8 @@ def train(
                     rollout_stats.add_reward_terms(info, steps)  # (summed over a chunk's steps)
                     if not cpu or done.any():  # what only finished episodes need; on a GPU every step (no sync)
                         with amp():
-                            storage["final_value"][step] = in_pieces(
-                                value_fn, info["final_obs"], piece
-                            )  # read only where done
+                            final_values = in_pieces(value_fn, info["final_obs"], max_rows)
+                        storage["final_value"][step] = final_values  # read only where done
                         watch.update_final(step, info["final_obs"], done)
                         rollout_stats.add_episodes(info)
                 watch.update_rollout(storage["obs"], next_obs, storage["reward"])

@@ -524,7 +524,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
     args = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,))
     bc_args = tyro.cli(bc.Args, args=vla_rl.bc_command(args, 2)[2:])
     assert bc_args.out == "/tmp/vla/bc_s2" and bc_args.seed == 2 and bc_args.demo_noise == 0.3
-    for algo, script in (("grpo", "grpo"), ("ppo", "ppo_continuous")):
+    for algo, script in (("grpo", "grpo_vla"), ("ppo", "ppo_vla")):
         cmd = vla_rl.rl_command(args, algo, 2)
         assert cmd[1].endswith(f"cleanrl_embodied/{script}.py")
         parsed = tyro.cli(importlib.import_module(f"cleanrl_embodied.{script}").Args, args=cmd[2:])
@@ -532,7 +532,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
         assert json.loads(parsed.env_kwargs)["reward_weights"]["success"] == 1
         assert parsed.output_dir == f"/tmp/vla/{algo}_s2"
         assert parsed.total_timesteps == (args.grpo_timesteps if algo == "grpo" else args.ppo_timesteps)
-    grpo = importlib.import_module("cleanrl_embodied.grpo")
+    grpo = importlib.import_module("cleanrl_embodied.grpo_vla")
     parsed = tyro.cli(grpo.Args, args=vla_rl.rl_command(args, "grpo", 2)[2:])
     assert parsed.advantage == "episode" and not parsed.filter_groups
     filtered = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,), grpo_filter_groups=True)

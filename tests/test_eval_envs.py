@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from cleanrl_embodied import grpo, ppo_ddp
 from cleanrl_embodied import ppo_continuous as ppo
-from cleanrl_embodied.shared.cli import RunArgs, build_env, env_kwargs_for
+from cleanrl_embodied.shared.builders import EnvOptions, build_env
 from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv
 from cleanrl_embodied.shared.envs.wrappers import IntervalRandomization
@@ -31,35 +30,30 @@ RANDOMIZED = {
 }
 
 
-@dataclass
-class EnvArgs(RunArgs):
-    env_id: str = "PushCubeRL"
-
-
-def run_args(env_kwargs: dict, eval_env_kwargs: dict, env_id: str = "PushCubeRL") -> EnvArgs:
-    return EnvArgs(env_kwargs=json.dumps(env_kwargs), eval_env_kwargs=json.dumps(eval_env_kwargs), env_id=env_id)
+def run_args(env_kwargs: dict, eval_env_kwargs: dict, env_id: str = "PushCubeRL") -> EnvOptions:
+    return EnvOptions(env_id, json.dumps(env_kwargs), json.dumps(eval_env_kwargs))
 
 
 def test_eval_kwargs_inherit_the_training_kwargs_and_override_only_what_they_name():
     args = run_args({"obs_mode": "rgb", "image_size": 48, "max_episode_steps": 30}, {"camera": "front"})
-    assert env_kwargs_for(args, "env_kwargs") == {"obs_mode": "rgb", "image_size": 48, "max_episode_steps": 30}
-    assert env_kwargs_for(args, "eval_env_kwargs") == {
+    assert args.kwargs(eval_envs=False) == {"obs_mode": "rgb", "image_size": 48, "max_episode_steps": 30}
+    assert args.kwargs(eval_envs=True) == {
         "obs_mode": "rgb",
         "image_size": 48,
         "max_episode_steps": 30,
         "camera": "front",
     }
     args = run_args({"obs_mode": "rgb", "max_episode_steps": 30}, {"max_episode_steps": 100})
-    assert env_kwargs_for(args, "eval_env_kwargs") == {"obs_mode": "rgb", "max_episode_steps": 100}
-    assert env_kwargs_for(run_args({}, {}), "eval_env_kwargs") == {}
+    assert args.kwargs(eval_envs=True) == {"obs_mode": "rgb", "max_episode_steps": 100}
+    assert run_args({}, {}).kwargs(eval_envs=True) == {}
 
 
 def test_eval_kwargs_leave_out_randomization_unless_they_name_it():
     args = run_args({"obs_mode": "dict", **RANDOMIZED}, {})
-    assert env_kwargs_for(args, "env_kwargs") == {"obs_mode": "dict", **RANDOMIZED}
-    assert env_kwargs_for(args, "eval_env_kwargs") == {"obs_mode": "dict"}  # the nominal task
+    assert args.kwargs(eval_envs=False) == {"obs_mode": "dict", **RANDOMIZED}
+    assert args.kwargs(eval_envs=True) == {"obs_mode": "dict"}  # the nominal task
     args = run_args({"obs_mode": "dict", **RANDOMIZED}, {"push_friction_range": [0.9, 1.1]})
-    assert env_kwargs_for(args, "eval_env_kwargs") == {"obs_mode": "dict", "push_friction_range": [0.9, 1.1]}
+    assert args.kwargs(eval_envs=True) == {"obs_mode": "dict", "push_friction_range": [0.9, 1.1]}
 
 
 def test_randomization_keys_are_ones_the_envs_take():
@@ -76,8 +70,8 @@ def test_built_eval_envs_are_the_training_envs_without_randomization():
     args = run_args(
         {"obs_mode": "rgb", "image_size": 36, "max_episode_steps": 20, **RANDOMIZED}, {"camera": "perspective"}
     )
-    eval_envs = build_env(args, "eval_env_kwargs", 2, 0, torch.device("cpu"))
-    envs = build_env(args, "env_kwargs", 2, 1, torch.device("cpu"), like=eval_envs)
+    eval_envs = build_env(args, 2, 0, torch.device("cpu"), eval_envs=True)
+    envs = build_env(args, 2, 1, torch.device("cpu"), eval_envs=False, like=eval_envs)
     train, evaluation = envs.unwrapped, eval_envs.unwrapped
     assert isinstance(envs, IntervalRandomization) and not isinstance(eval_envs, IntervalRandomization)
     assert train.obs_mode == evaluation.obs_mode == "rgb" and train.image_size == evaluation.image_size == (36, 36)
@@ -93,18 +87,18 @@ def test_built_eval_envs_are_the_training_envs_without_randomization():
 
 def test_a_bad_inherited_key_names_the_flag_that_carried_it(tmp_path):
     with pytest.raises(SystemExit) as e:
-        build_env(run_args({"no_such_option": 1}, {}), "eval_env_kwargs", 2, 0, torch.device("cpu"))
+        build_env(run_args({"no_such_option": 1}, {}), 2, 0, torch.device("cpu"), eval_envs=True)
     message = str(e.value.code)
     assert message.startswith("error: --env-kwargs (inherited by the eval envs)") and "no_such_option" in message
     with pytest.raises(SystemExit) as e:
-        build_env(run_args({}, {"no_such_option": 1}), "eval_env_kwargs", 2, 0, torch.device("cpu"))
+        build_env(run_args({}, {"no_such_option": 1}), 2, 0, torch.device("cpu"), eval_envs=True)
     assert str(e.value.code).startswith("error: --eval-env-kwargs / --env-id PushCubeRL")
 
 
 def test_an_env_the_trainers_cannot_serve_is_blamed_on_the_env_id_when_no_kwargs_were_given():
-    for kwargs_flag in ("eval_env_kwargs", "env_kwargs"):
+    for eval_envs in (True, False):
         with pytest.raises(SystemExit) as e:
-            build_env(run_args({}, {}, env_id="CartPole-v1"), kwargs_flag, 2, 0, torch.device("cpu"))
+            build_env(run_args({}, {}, env_id="CartPole-v1"), 2, 0, torch.device("cpu"), eval_envs=eval_envs)
         message = str(e.value.code)
         assert message.startswith("error: --env-id CartPole-v1: ") and "Discrete" in message, message
 

@@ -229,3 +229,16 @@ def test_sample_with_draws_from_the_generator():
         state = torch.get_rng_state()
         ppo_vla.sample_with(dist, torch.Generator().manual_seed(6))
         assert torch.equal(state, torch.get_rng_state())  # torch's global stream is left alone
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_episodes_that_end_inside_the_rollout_bootstrap_through_micro_batches(script, tmp_path):
+    """Episodes of 3 decisions in rollouts of 4: V(final obs) of the envs that finished is computed (in pieces of at
+    most 3 of the 8 envs) at the steps where they did, and the run logs their episodes."""
+    SIZES.clear()
+    env_kwargs = json.dumps({"max_episode_steps": 3})
+    args = args_for(script, tmp_path, env_id="tests.envs_for_tests:PointReach-v0", env_kwargs=env_kwargs,
+                    micro_batch_size=3, policy="test_ppo_vla:SizeRecorder")  # fmt: skip
+    summary = train(script, args)
+    assert summary["train"]["charts/episodic_length"] == 3.0
+    assert max(size for _, size in SIZES) == 3

@@ -182,12 +182,13 @@ def load_checkpoint(
 ) -> dict:
     """Load ``path`` on the CPU (``weights_only=True``) and check it can serve this run.
 
-    ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry), the loading one first; ``same``: {Args field: this
-    run's value} of the flags that must equal the checkpoint's (each mismatch is one line naming the flag; a flag
-    the checkpoint's trainer did not have is not compared); ``env``: the env options this run uses the checkpoint's
-    policy with (its training envs, or its eval envs with ``eval_envs``), which must agree with the checkpoint's on
-    everything that changes what the policy sees or what its actions mean (see :data:`HARMLESS_ENV_KWARGS`; None:
-    not checked). Fails with one line for a missing or unreadable file, another trainer's checkpoint or a mismatch.
+    ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry), the loading one first;
+    ``same``: {Args field: this run's value} of the flags that must equal the checkpoint's (each mismatch is one line
+    naming the flag; a flag the checkpoint's trainer did not have is not compared); ``env``: the env options this run
+    uses the checkpoint's policy with (its training envs, or its eval envs with ``eval_envs``), which must agree with
+    the checkpoint's on everything that changes what the policy sees or what its actions mean (see
+    :data:`HARMLESS_ENV_KWARGS`; None: not checked). Fails with one line for a missing or unreadable file, another
+    trainer's checkpoint or a mismatch.
     """
     scripts = tuple(scripts)
     try:
@@ -216,9 +217,9 @@ def load_checkpoint(
     if used and ckpt["script"] in SPLIT_OFF:  # the VLA sibling of the trainer that loads it (listed first)
         vla = SPLIT_OFF.get(scripts[0], SPLIT_OFF[ckpt["script"]])
         fail(
-            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only {vla}.py "
-            f"has since the VLA trainers split off: train such a policy with {vla}.py, or use this checkpoint with "
-            "the version that wrote it",
+            f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
+            f"{vla}.py has since the VLA trainers split off: train such a policy with {vla}.py, or use this checkpoint "
+            "with the version that wrote it",
             show,
         )
     for key, ours in same.items():
