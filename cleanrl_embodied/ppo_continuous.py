@@ -208,10 +208,8 @@ class Agent(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        num_floats, pixels_or_text = (
-            shared.state_dim(obs_space),
-            shared.image_spaces(obs_space) or shared.token_spaces(obs_space),
-        )
+        num_floats = shared.state_dim(obs_space)  # images and instructions go through the encoder
+        pixels_or_text = shared.image_spaces(obs_space) or shared.token_spaces(obs_space)
         self.obs_rms = RunningMeanStd((num_floats,))
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
         features = self.encoder.out_dim if self.encoder else num_floats

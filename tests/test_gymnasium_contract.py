@@ -5,9 +5,15 @@ The reference is the same sub-envs stepped by Gymnasium's ``SyncVectorEnv.step``
 not a bare SyncVectorEnv, here one behind a pass-through ``VectorWrapper``, is stepped that way, as async ones are):
 every output, info entries included, must be equal bit for bit, step by step, across terminations and truncations,
 resets with and without seeds and group resets.
+
+At an episode end, ``info["rewards"]`` and ``info["metrics"]`` of a Gymnasium id describe the episode's last step,
+not the reset that followed it, in the vector env and in a trainer's logs.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,8 +25,10 @@ from tensordict import TensorDict
 
 import tests.envs_for_tests  # noqa: F401  (registers PointReach-v0, PointReachDict-v0, PointReachPixels-v0)
 import tests.test_env_wrappers  # noqa: F401  (registers CleanrlEmbodiedDictTest-v0: nested Dict obs, is_success)
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.envs.wrappers import INFO_KEYS, GymnasiumToTorch, SafeRender, numpy_vector_to_torch
+from cleanrl_embodied.shared.evaluation import evaluate
 
 INFO_ENV_ID = "CleanrlEmbodiedInfoTest-v0"
 
@@ -273,3 +281,77 @@ def test_channels_last_images_of_a_gymnasium_env_come_channels_first():
         assert torch.equal(a["pixels"], b["pixels"]) and torch.equal(
             info_a["final_obs"]["pixels"], info_b["final_obs"]["pixels"]
         )
+
+
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
+TINY = dict(
+    num_envs=4,
+    num_steps=5,
+    num_minibatches=2,
+    update_epochs=1,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(8, 8),
+    cuda=False,
+    eval_freq=0,
+    save_freq=1,
+    total_timesteps=2 * 20,
+)
+
+
+def tiny(name: str, tmp_path: Path, **overrides):
+    extra = {"group_size": 2} if name == "grpo" else {}
+    config = {**TINY, **extra, **overrides}
+    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
+        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
+    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
+
+
+# At an episode end, info["rewards"] and info["metrics"] describe the last step, not the reset that follows it.
+TERMS_ENV_ID = "CleanrlEmbodiedTermsTest-v0"
+
+
+class TermsEnv(gym.Env):
+    """Every step reports reward term ``a`` = 1 and metric ``m`` = 7; resets report other numbers (-100, -1), as an
+    env may; episodes end (terminated) every third step."""
+
+    metadata = {"render_modes": []}
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {"rewards": {"a": -100.0}, "metrics": {"m": -1.0}}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, self.t == 3, False, {"rewards": {"a": 1.0}, "metrics": {"m": 7.0}}
+
+
+if TERMS_ENV_ID not in gym.registry:
+    gym.register(TERMS_ENV_ID, entry_point=TermsEnv, max_episode_steps=50)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_gymnasium_rewards_and_metrics_at_episode_ends_come_from_the_last_step(vectorization):
+    env = make_env(TERMS_ENV_ID, num_envs=3, seed=0, vectorization=vectorization)
+    env.reset()
+    ends = 0
+    for _ in range(7):
+        _, _, terminated, _, info = env.step(torch.zeros(3, 1))
+        ends += int(terminated.sum())
+        assert set(info["rewards"]) == {"a"} and set(info["metrics"]) == {"m"}  # no Gymnasium `_a` masks
+        assert info["rewards"]["a"].tolist() == [1.0, 1.0, 1.0], (terminated, info["rewards"])
+        assert info["metrics"]["m"].tolist() == [7.0, 7.0, 7.0], (terminated, info["metrics"])
+    assert ends == 6
+    result = evaluate(lambda obs, gen: torch.zeros(obs.shape[0], 1), env, 4, seed=5)
+    assert result["m"] == 7.0 and result["episodic_length"] == 3.0
+    env.close()
+
+
+def test_a_trainer_logs_the_terms_of_a_gymnasium_id_without_masks(tmp_path):
+    out = ppo_continuous.main(tiny("ppo_continuous", tmp_path, env_id=f"tests.test_gymnasium_contract:{TERMS_ENV_ID}"))
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["train"]["rewards/a"] == 1.0 and "rewards/_a" not in summary["train"]
+    assert summary["eval"]["m"] == 7.0

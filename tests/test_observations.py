@@ -1,5 +1,6 @@
 """TensorDict observations end to end: make_env keeps them (flatten_obs), rollout storage holds them in their
-dtypes, normalization sees float entries only, the pixel encoder, non-finite checks, checkpoints and resume."""
+dtypes, normalization sees float entries only, the pixel encoder (images below 36 pixels too), non-finite checks,
+checkpoints and resume."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from cleanrl_embodied import grpo, ppo_ddp, ppo_vla_async
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared import make_env, rollout_storage
 from cleanrl_embodied.shared.runtime import NonFiniteWatch
-from cleanrl_embodied.shared.tensordict_helpers import finite_rows, image_spaces, state_dim, float_entries
+from cleanrl_embodied.shared.tensordict_helpers import finite_rows, float_entries, image_spaces, state_dim
 from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
 
 PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
@@ -210,7 +211,7 @@ def test_pixel_features_stay_bounded_for_the_tanh_heads():
     """The encoder's image features lie in [-1, 1] (LayerNorm then Tanh), also after weights grow: unbounded
     ReLU features saturated the agents' Tanh heads, which made actor and critic constant over the batch."""
     torch.manual_seed(0)
-    encoder = ppo.PixelEncoder(PIXEL_SPACE, state_dim=5)  # (ppo_ddp.py and grpo.py hold copies of it)
+    encoder = ppo.PixelEncoder(PIXEL_SPACE, num_floats=5)  # (ppo_ddp.py and grpo.py hold copies of it)
     with torch.no_grad():  # as if a few large updates had blown the conv and linear weights up
         for module in encoder.modules():
             if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
@@ -221,3 +222,49 @@ def test_pixel_features_stay_bounded_for_the_tanh_heads():
     assert features.shape == (16, encoder.out_dim) and encoder.out_dim == 256 + 5
     assert features[:, :256].abs().max() <= 1.0 and torch.equal(features[:, 256:], state)
     assert (features[:, :256].std(0) > 0).float().mean() > 0.9  # and they still differ between images
+
+
+SCRIPTS = {"ppo_continuous": ppo, "ppo_ddp": ppo_ddp}
+PUSH_CUBE_RUN = dict(
+    num_envs=4,
+    num_steps=5,
+    num_minibatches=2,
+    update_epochs=1,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(8, 8),
+    cuda=False,
+    eval_freq=0,
+    save_freq=1,
+    total_timesteps=2 * 20,
+)
+
+
+def push_cube_args(name: str, tmp_path: Path, **overrides):
+    """Two iterations of PushCubeRL (the default --env-id)."""
+    return SCRIPTS[name].Args(output_dir=str(tmp_path), **{**PUSH_CUBE_RUN, **overrides})
+
+
+# Images smaller than 36 x 36 pixels work with the built-in pixel encoder.
+def test_the_pixel_encoder_takes_images_below_36_pixels():
+    from cleanrl_embodied.ppo_continuous import PixelEncoder  # (ppo_ddp.py and grpo.py hold copies of it)
+
+    for shape in ((3, 8, 8), (3, 20, 40), (3, 35, 35), (1, 36, 36), (3, 64, 64)):
+        space = gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, shape, np.uint8)})
+        torch.manual_seed(0)
+        encoder = PixelEncoder(space, num_floats=2, features=16)
+        images = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+        out = encoder(TensorDict(rgb=images, batch_size=[5]), torch.zeros(5, 2))
+        assert out.shape == (5, 18) and torch.isfinite(out).all()
+        if min(shape[1:]) < 36:  # the same network as for a 36 x 36 image
+            torch.manual_seed(0)
+            big = PixelEncoder(gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, (shape[0], 36, 36), np.uint8)}), 2, 16)
+            assert encoder.state_dict().keys() == big.state_dict().keys()
+            assert all(torch.equal(a, b) for a, b in zip(encoder.state_dict().values(), big.state_dict().values()))
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp"])  # (the classic trainers' encoder)
+def test_a_trainer_learns_from_16_pixel_images(tmp_path, name):
+    kwargs = '{"obs_mode": "rgb", "image_size": 16}'
+    out = SCRIPTS[name].main(push_cube_args(name, tmp_path, env_kwargs=kwargs, eval_env_kwargs=kwargs, save_freq=0))
+    assert out["global_step"] == 40 and out["eval"]["episodic_length"] > 0

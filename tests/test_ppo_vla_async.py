@@ -1,5 +1,7 @@
 """ppo_vla_async.py: overlap, version bookkeeping, shutdown on errors and Ctrl-C, exact resume, learning, forward
-passes bounded by --micro-batch-size, and the refusal of checkpoints from before the VLA trainers split (issue 37).
+passes bounded by --micro-batch-size, no stale losses logged for a dropped rollout or an iteration whose steps were
+all skipped, snapshots that hold only what changes (not frozen weights), and the refusal of checkpoints from before
+the VLA trainers split (issue 37).
 The policy is tests/toy_policies.py's `ToyVLA` (the trainer has no network of its own)."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import ppo_vla_async
+from cleanrl_embodied.shared import make_env
 
 SCRIPT = Path(ppo_vla_async.__file__)
 TINY = dict(
@@ -367,3 +370,143 @@ def test_the_ppo_functions_are_copies_of_ppo_vla_s():
     for name in ("compute_gae", "normalize_advantages", "ppo_loss", "backward_piece", "clip_gradients", "sample_with"):
         mine, theirs = (ast.dump(ast.parse(inspect.getsource(getattr(m, name)))) for m in (ppo_vla_async, ppo_vla))
         assert mine == theirs, name
+
+
+# No losses are logged for a rollout that was dropped or an iteration whose every step was skipped.
+def scalar_steps(run_dir: str, tag: str) -> dict[int, float]:
+    acc = EventAccumulator(run_dir)
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+ASYNC = dict(
+    num_envs=8,
+    num_steps=10,
+    num_minibatches=2,
+    update_epochs=2,
+    target_kl=None,
+    cuda=False,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    eval_freq=0,
+)  # (the policies are tests/toy_policies.py's, on its ToyVLA)
+
+
+def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(tmp_path):
+    # 4 training forwards per iteration (2 epochs x 2 minibatches): the first iteration's steps apply, every later
+    # one is skipped (NaN loss)
+    args = ppo_vla_async.Args(
+        output_dir=str(tmp_path),
+        total_timesteps=3 * 80,
+        max_staleness=0,
+        save_freq=0,
+        max_consecutive_skips=100,
+        policy="toy_policies:nan_loss_after",
+        **ASYNC,
+    )
+    out = ppo_vla_async.main(args)
+    assert scalar_steps(out["run_dir"], "charts/skipped_updates") == {80: 0.0, 160: 4.0, 240: 8.0}
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"):
+        assert list(scalar_steps(out["run_dir"], tag)) == [80], tag  # not the first iteration's again
+    assert list(scalar_steps(out["run_dir"], "losses/explained_variance")) == [80, 160, 240]  # of each rollout
+
+
+def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
+    """A resume with a smaller --max-staleness drops the pending rollouts that became too old. Rollouts 1 and 2 are
+    both collected with the initial policy (the collector runs K = 2 ahead of a slow learner), so after the resume
+    with K = 1 rollout 1 is learned from (version 1 -> 2) and rollout 2 is dropped: nothing of rollout 1's update
+    may be logged again at rollout 2's step."""
+    first = ppo_vla_async.main(
+        ppo_vla_async.Args(
+            output_dir=str(tmp_path / "a"),
+            total_timesteps=4 * 80,
+            max_staleness=2,
+            save_freq=1,
+            policy="toy_policies:slow",
+            policy_kwargs='{"update_ms": 150}',
+            **ASYNC,
+        )
+    )
+    path = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
+    pending = torch.load(path, weights_only=True)["collector"]["pending"]
+    assert [(p["index"], p["version"]) for p in pending][:2] == [(1, 0), (2, 0)]  # precondition (timing)
+    resumed = ppo_vla_async.main(
+        ppo_vla_async.Args(
+            output_dir=str(tmp_path / "b"),
+            total_timesteps=4 * 80,
+            max_staleness=1,
+            save_freq=0,
+            resume=str(path),
+            policy="toy_policies:slow",
+            policy_kwargs='{"update_ms": 150}',
+            **ASYNC,
+        )
+    )
+    assert scalar_steps(resumed["run_dir"], "charts/dropped_rollouts") == {160: 0.0, 240: 1.0, 320: 1.0}
+    for tag in ("losses/policy_loss", "losses/explained_variance"):
+        assert list(scalar_steps(resumed["run_dir"], tag)) == [160, 320], tag
+
+
+# The snapshots the learner publishes for the collector hold what changes, not the frozen weights.
+def nbytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_ppo_async_snapshots_hold_what_changes_not_frozen_weights(tmp_path):
+    """A snapshot the learner publishes for the collector holds the trainable parameters and the buffers (here the
+    bins head's bounds), measured here: exactly what the checkpoint's model holds, and never the
+    frozen backbone (256 x 256 + 256 floats, 263 kB), which was copied into every one of the K + 1 snapshots kept
+    before; the checkpoint records the backbone's fingerprint instead of its weights."""
+    args = ppo_vla_async.Args(
+        output_dir=str(tmp_path),
+        total_timesteps=3 * 80,
+        max_staleness=2,
+        save_freq=1,
+        action_head="bins",
+        action_bins=8,
+        policy="toy_policies:frozen_backbone",
+        **ASYNC,
+    )
+    out = ppo_vla_async.main(args)
+    ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt", weights_only=True)
+    model = ckpt["model"]  # heads and their buffers: what can change
+    assert not any(k.startswith("backbone.") for k in model) and len(ckpt["frozen"]) == 64
+    backbone = (256 * 256 + 256) * 4
+    assert nbytes(model) < backbone  # (so a snapshot with the backbone would be several times larger)
+    assert len(ckpt["collector"]["snapshots"]) >= 2
+    for _version, snapshot in ckpt["collector"]["snapshots"].values():
+        assert set(snapshot) == set(model)
+        assert nbytes(snapshot) == nbytes(model)
+    # the collector's copy still acts with the learner's whole policy, frozen part included (toy_policies checks
+    # the versions in test_ppo_vla_async); resuming this checkpoint continues the run
+    resumed = ppo_vla_async.main(
+        ppo_vla_async.Args(
+            **{
+                **vars(args),
+                "output_dir": str(tmp_path / "b"),
+                "resume": str(Path(out["run_dir"]) / "checkpoints" / "iter_000002.pt"),
+            }
+        )
+    )
+    assert resumed["global_step"] == 240
+
+
+def test_ppo_async_collector_copies_the_frozen_part_once():
+    """Unit level: a snapshot copies the trainable parameters and the buffers, not the frozen parameters the
+    collector's copy got once; a frozen parameter changed in place (say, by the user) is noticed and copied from
+    then on."""
+    args = ppo_vla_async.Args(**{**ASYNC, "num_envs": 2, "action_head": "bins", "action_bins": 8})
+    envs = make_env("PushCubeRL", num_envs=2, seed=0)
+    learner = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
+    inference = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
+    collector = ppo_vla_async.Collector(envs, inference, args, total_rollouts=1, device=torch.device("cpu"))
+    collector.publish(0, 0, learner)
+    assert all(torch.equal(a, b) for a, b in zip(inference.state_dict().values(), learner.state_dict().values()))
+    trainable = {k for k, p in learner.named_parameters() if p.requires_grad}
+    trainable |= {k for k, _ in learner.named_buffers()}  # the bins head's bounds
+    assert set(collector.snapshots[0][1]) == trainable and "action_low" in trainable
+    with torch.no_grad():
+        learner.backbone.bias.add_(1.0)
+    collector.publish(1, 1, learner)
+    assert set(collector.snapshots[1][1]) == trainable | {"backbone.bias"}
+    envs.close()

@@ -1,6 +1,8 @@
 """Flags whose effect is seen only inside a run, checked from outside: --env-vectorization (in which processes
 the sub-envs run), --target-kl (how many optimizer steps an update makes), --max-grad-norm (the gradient the
-optimizer steps with), and the one-line errors for env kwargs a Gymnasium id refuses and for a missing envpool."""
+optimizer steps with), and the one-line errors for env kwargs a Gymnasium id refuses and for a missing envpool,
+for a numeric flag out of its range (every numeric flag of every trainer is checked) and for --resume and
+--eval-checkpoint given together."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 import toy_policies
 
-from cleanrl_embodied import ppo_continuous
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
@@ -136,3 +138,89 @@ def test_envpool_missing_is_one_line_saying_how_to_install_it(tmp_path):
     message = str(e.value.code)
     assert message.startswith("error: ") and "\n" not in message and hint in message
     assert not list(tmp_path.iterdir())
+
+
+SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
+TWO_ITERATIONS = dict(  # a checkpoint after each
+    num_envs=4,
+    num_steps=5,
+    num_minibatches=2,
+    update_epochs=1,
+    num_eval_envs=2,
+    num_eval_episodes=2,
+    hidden_sizes=(8, 8),
+    cuda=False,
+    eval_freq=0,
+    save_freq=1,
+    total_timesteps=2 * 20,
+)
+
+
+def tiny(name: str, tmp_path: Path, **overrides):
+    extra = {"group_size": 2} if name == "grpo" else {}
+    config = {**TWO_ITERATIONS, **extra, **overrides}
+    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
+        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
+    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
+
+
+def one_line_error(call) -> str:
+    with pytest.raises(SystemExit) as e:
+        call()
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+# Every numeric flag of every trainer is checked for its range; a bad value is one line, before anything is built.
+NAN, INF = float("nan"), float("inf")
+COMMON_BAD = [
+    ({"max_grad_norm": -1.0}, "--max-grad-norm must be > 0, got -1.0"),  # was gradient ascent
+    ({"max_grad_norm": 0.0}, "--max-grad-norm must be > 0, got 0.0"),  # was no learning at all
+    ({"target_kl": 0.0}, "--target-kl must be > 0, got 0.0"),
+    ({"target_kl": -0.1}, "--target-kl must be > 0, got -0.1"),
+    ({"clip_coef": 0.0}, "--clip-coef must be > 0, got 0.0"),
+    ({"learning_rate": NAN}, "--learning-rate must be a finite number, got nan"),
+    ({"learning_rate": INF}, "--learning-rate must be a finite number, got inf"),
+    ({"gamma": NAN}, "--gamma must be a finite number, got nan"),
+    ({"ent_coef": NAN}, "--ent-coef must be a finite number, got nan"),
+    ({"init_logstd": NAN}, "--init-logstd must be a finite number, got nan"),
+    ({"seed": -1}, "--seed must be >= 0, got -1"),
+]
+PPO_BAD = [
+    ({"vf_coef": 0.0}, "--vf-coef must be > 0, got 0.0"),  # the critic would never learn
+    ({"gae_lambda": NAN}, "--gae-lambda must be a finite number, got nan"),
+    ({"clip_obs": NAN}, "--clip-obs must be a finite number, got nan"),
+]
+CASES = [(name, *case) for name in SCRIPTS for case in COMMON_BAD + (PPO_BAD if name != "grpo" else [])]
+CASES = [(n, o, m) for n, o, m in CASES if n != "ppo_vla_async" or not {"init_logstd", "clip_obs"} & set(o)]  # (VLA)
+CASES += [("grpo", {"kl_coef": NAN}, "--kl-coef must be a finite number, got nan")]
+CASES += [("grpo", {"adv_eps": INF}, "--adv-eps must be a finite number, got inf")]
+
+
+@pytest.mark.parametrize("name, overrides, message", CASES)
+def test_numeric_flags_out_of_range_are_one_line(tmp_path, name, overrides, message):
+    got = one_line_error(lambda: SCRIPTS[name].main(tiny(name, tmp_path / "runs", **overrides)))
+    assert got.startswith(f"error: {message}"), got
+    assert not (tmp_path / "runs").exists()  # refused before anything was built
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_unbounded_clipping_is_still_allowed(name):
+    """``inf`` is a meaningful --max-grad-norm (no clipping), as for --clip-obs and --clip-reward."""
+    clip_obs = {} if name in ("grpo", "ppo_vla_async") else {"clip_obs": INF}
+    args = tiny(name, Path("unused"), max_grad_norm=INF, **clip_obs)
+    SCRIPTS[name].validate(*((args, True) if name == "ppo_ddp" else (args,)))
+
+
+# --resume A --eval-checkpoint B is refused (it would evaluate A and call it B).
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_resume_and_eval_checkpoint_together_are_refused(tmp_path, name):
+    first = SCRIPTS[name].main(tiny(name, tmp_path / "a"))
+    a = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
+    b = Path(first["run_dir"]) / "checkpoints" / "last.pt"
+    message = one_line_error(
+        lambda: SCRIPTS[name].main(tiny(name, tmp_path / "b", resume=str(a), eval_checkpoint=str(b)))
+    )
+    assert "--resume" in message and "--eval-checkpoint" in message, message
+    assert not (tmp_path / "b").exists()

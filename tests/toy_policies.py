@@ -14,7 +14,7 @@ import time
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from cleanrl_embodied.shared.tensordict_helpers import state_dim, float_entries
+from cleanrl_embodied.shared.tensordict_helpers import float_entries, state_dim
 
 
 def _agent_class(args):

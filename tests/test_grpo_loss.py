@@ -1,5 +1,8 @@
-"""GRPO defects of issue 12, one test each. Every test here fails on grpo.py as it was at commit bf22c03
-(checked by running this file against that tree; the docstrings say why it failed there)."""
+"""GRPO's loss and the statistics of its update: the KL penalty's gradient against a much sharper policy,
+advantages standardized with the group's std pooled over the horizon, Dr. GRPO's constant divisor, masked samples
+whose ratio overflows, epoch statistics over the applied minibatches only, and the success rate over every env.
+Every test here fails on grpo.py as it was at commit bf22c03 (checked by running this file against that tree; the
+docstrings say why it failed there)."""
 
 from __future__ import annotations
 
@@ -74,9 +77,10 @@ def gradients(actor: grpo.Actor, mb: TensorDict, args: grpo.Args) -> tuple[torch
 
 
 def test_kl_gradient_survives_a_policy_much_sharper_than_the_reference():
-    """Defect 2. The reference gives the samples e^-30 of the policy's density (the policy is far sharper, which a
-    7-D Gaussian reaches quickly). bf22c03 clamped (ref - new) to [-20, 20]: at -30 the clamp is flat, so the KL
-    penalty had zero gradient exactly when it matters. Only the overflowing side (ref - new > 20) is clamped now."""
+    """The KL penalty keeps its gradient when the reference gives the samples e^-30 of the policy's density (the
+    policy is far sharper, which a 7-D Gaussian reaches quickly). bf22c03 clamped (ref - new) to [-20, 20]: at -30
+    the clamp is flat, so the KL penalty had zero gradient exactly when it matters. Only the overflowing side
+    (ref - new > 20) is clamped now."""
     actor = tiny_actor()
     mb = minibatch(actor)
     mb["ref_logprob"] = mb["logprob"] - 30.0
@@ -91,9 +95,10 @@ def test_kl_gradient_survives_a_policy_much_sharper_than_the_reference():
 
 
 def test_a_tiny_gap_between_the_last_alive_members_stays_tiny():
-    """Defect 3. Two groups of 4 over 4 steps: all alive with returns spread over ~1 for 3 steps, then only two
-    members left, 1e-3 apart in group 0 and 3 apart in group 1. bf22c03 standardized each time step on its own,
-    giving +-0.707 to both pairs; with the group's std pooled over the horizon the advantage keeps the gap's size."""
+    """A tiny return gap between the last alive members of a group gives a tiny advantage. Two groups of 4 over 4
+    steps: all alive with returns spread over ~1 for 3 steps, then only two members left, 1e-3 apart in group 0
+    and 3 apart in group 1. bf22c03 standardized each time step on its own, giving +-0.707 to both pairs; with the
+    group's std pooled over the horizon the advantage keeps the gap's size."""
     returns = torch.tensor([[0.0, 1.0, 2.0, 3.0] * 2] * 3 + [[5.0, 5.001, 0.0, 0.0, 5.0, 8.0, 0.0, 0.0]])
     mask = torch.ones(4, 8, dtype=torch.bool)
     mask[3, [2, 3, 6, 7]] = False
@@ -104,7 +109,7 @@ def test_a_tiny_gap_between_the_last_alive_members_stays_tiny():
 
 
 def test_dr_grpo_divides_the_loss_by_a_constant():
-    """Defect 5. Dr. GRPO (--no-scale-adv) sums the per-sample losses of the alive samples and divides by the
+    """Dr. GRPO (--no-scale-adv) sums the per-sample losses of the alive samples and divides by the
     minibatch size, whatever number of them is alive. bf22c03 divided by the alive count (here 10 instead of 40)."""
     actor = tiny_actor()
     mb = minibatch(actor)
@@ -117,7 +122,7 @@ def test_dr_grpo_divides_the_loss_by_a_constant():
 
 
 def test_a_masked_sample_with_an_overflowing_ratio_changes_nothing():
-    """Defect 5 (masks). A masked-out sample whose ratio overflows (its logged log-prob is -1e4). bf22c03 masked by
+    """A masked-out sample whose ratio overflows (its logged log-prob is -1e4). bf22c03 masked by
     multiplication: 0 * inf = NaN made the whole minibatch's loss NaN. torch.where keeps loss and gradient finite
     and equal to those without that sample."""
     actor = tiny_actor()
@@ -135,11 +140,11 @@ def test_a_masked_sample_with_an_overflowing_ratio_changes_nothing():
 
 
 def test_epoch_statistics_average_only_the_applied_minibatches(tmp_path):
-    """Defects 4 and 11. The actor's first training forward gives NaN action means, so the first minibatch is
-    skipped. bf22c03 averaged the epoch's statistics before checking, so that iteration logged NaN approx_kl and
-    clipfrac (and NaN > target_kl is False: the target-KL stop was off); it logged no old_approx_kl (and its Args
-    had no --policy, so this test cannot even start there). Now every losses/* scalar is a finite mean over the
-    applied minibatches."""
+    """The epoch's statistics average the applied minibatches only. The actor's first training forward gives NaN
+    action means, so the first minibatch is skipped. bf22c03 averaged the epoch's statistics before checking, so
+    that iteration logged NaN approx_kl and clipfrac (and NaN > target_kl is False: the target-KL stop was off); it
+    logged no old_approx_kl (and its Args had no --policy, so this test cannot even start there). Now every
+    losses/* scalar is a finite mean over the applied minibatches."""
     out = grpo.main(tiny_args(tmp_path, policy="grpo_test_helpers:nan_actor", policy_kwargs='{"at_calls": [1]}'))
     scalars = read_scalars(out["run_dir"])
     assert scalars["charts/skipped_updates"] == [1.0, 1.0]
@@ -156,10 +161,11 @@ def test_epoch_statistics_average_only_the_applied_minibatches(tmp_path):
 
 
 def test_success_rate_counts_every_env_over_the_horizon(tmp_path):
-    """Defect 13. GRPOSuccessToy: an action > 0 at the 2nd step succeeds and ends the episode, else it runs to 10
-    steps. With a horizon of 5 only successes end inside it. bf22c03 averaged success over the episodes that ended,
-    i.e. reported 1.0 for a random policy; the success rate is now over all envs (about one half here), and
-    grpo/finished_frac says how many first episodes ended within the horizon."""
+    """The success rate counts every env over the horizon. GRPOSuccessToy: an action > 0 at the 2nd step succeeds
+    and ends the episode, else it runs to 10 steps. With a horizon of 5 only successes end inside it. bf22c03
+    averaged success over the episodes that ended, i.e. reported 1.0 for a random policy; the success rate is now
+    over all envs (about one half here), and grpo/finished_frac says how many first episodes ended within the
+    horizon."""
     out = grpo.main(
         tiny_args(
             tmp_path,
