@@ -452,7 +452,8 @@ def main(args: Args) -> dict:
     guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
     next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
     start_time, start_step = time.time(), global_step
-    with shared.StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+    # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (with what is known)
+    with shared.StopFlag(logger.write) as stop, logger:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
@@ -477,7 +478,7 @@ def main(args: Args) -> dict:
                     storage["discount"][step] = args.gamma ** executed.sum(0)  # discounts the return after it
                     storage["outcome"][step] = torch.where(executed, rewards, 0.0).sum(0)  # undiscounted sum
                     storage["done"][step] = done = terminated | truncated
-                    rollout_stats.add_reward_terms(info)
+                    rollout_stats.add_reward_terms(info, executed.sum(0))  # per env step: a chunk's terms are sums
                     if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
                         watch.update_final(step, info["final_obs"], done)
                         counted = done & alive
@@ -572,18 +573,18 @@ def main(args: Args) -> dict:
             if stop.requested:
                 break
 
-    checkpoint = save_checkpoint("last.pt")
-    if not stop.requested:
-        eval_result, is_best = evaluator.run(act, global_step)
-        if is_best:
-            save_checkpoint("best.pt")
-            checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
-    wall = time.time() - start_time
-    logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
-    envs.close()
-    eval_envs.close()
-    if stop.requested:
-        sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
+        checkpoint = save_checkpoint("last.pt")
+        if not stop.requested:
+            eval_result, is_best = evaluator.run(act, global_step)
+            if is_best:
+                save_checkpoint("best.pt")
+                checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
+        wall = time.time() - start_time
+        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
+        envs.close()
+        eval_envs.close()
+        if stop.requested:
+            sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
     return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
 
 

@@ -412,7 +412,8 @@ def main(args: Args) -> dict:
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         shared.load_optimizer(optimizer, ckpt["optimizer"])
         reward_rms.load_state_dict(ckpt["reward_rms"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        global_step = ckpt["global_step"]  # counted in env steps: a ppo_ddp checkpoint's iterations held world_size
+        start_iteration = global_step // batch_size + 1  # batches (the LR schedule goes on from the same point)
         evaluator.best_key = tuple(ckpt["best_key"])
         shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes, and so do the reward traces

@@ -338,7 +338,8 @@ def main(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=env_seed)
     if ckpt is not None:  # resume: every piece of state the next iteration depends on
         shared.load_optimizer(optimizer, ckpt["optimizer"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        global_step = ckpt["global_step"]  # counted in env steps: a ppo_vla_ddp checkpoint's iterations held world_size
+        start_iteration = global_step // (batch_size * args.action_chunk) + 1  # batches (and chunks of env steps)
         evaluator.best_key = tuple(ckpt["best_key"])
         shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes

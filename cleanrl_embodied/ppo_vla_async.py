@@ -430,12 +430,12 @@ class Collector:
                 out = in_pieces(self.step, self.next_obs, self.piece)
             data["obs"][step] = self.next_obs
             data["action"][step], data["logprob"][step] = out["action"], out["logprob"]
-            self.next_obs, reward, discount, _, terminated, truncated, info = step_decision(
+            self.next_obs, reward, discount, steps, terminated, truncated, info = step_decision(
                 self.envs, out["env_action"].reshape(self.decision_shape), args.gamma
             )
             data["reward"][step], data["discount"][step] = reward, discount  # gamma^(env steps the decision ran)
             data["terminated"][step], data["done"][step] = terminated, (done := terminated | truncated)
-            stats.add_reward_terms(info)
+            stats.add_reward_terms(info, steps)  # per env step: a chunk's terms are sums over its steps
             if device.type != "cpu" or done.any():  # what only finished episodes need (on the CPU, asking is free)
                 data["final_obs"][step] = info["final_obs"]  # read only where done
                 watch.update_final(step, info["final_obs"], done)
@@ -550,7 +550,8 @@ def main(args: Args) -> dict:
     start_time, start_step = time.time(), global_step
     collector.thread.start()
     try:
-        with shared.StopFlag(logger.write) as stop:  # Ctrl-C / SIGTERM: finish this iteration, save, write the summary
+        # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (what is known)
+        with shared.StopFlag(logger.write) as stop, logger:
             while consumed < num_iterations:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - consumed / num_iterations))
@@ -612,12 +613,11 @@ def main(args: Args) -> dict:
                 if is_best:
                     save_checkpoint("best.pt")
                     checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume compares against
-    finally:  # after an error on either side too: stop both, write summary.json; last.pt stays the last
-        failed = sys.exc_info()[0] is not None  # consistent one (a crash never overwrites it)
+            wall = time.time() - start_time
+            sps = (global_step - start_step) / max(wall, 1e-9)
+            logger.finish(global_step, wall, sps, eval_result, checkpoint, dropped_rollouts=dropped)
+    finally:  # after an error on either side too: stop both (last.pt stays the last consistent one)
         collector.stop()
-        wall = time.time() - start_time
-        sps = (global_step - start_step) / max(wall, 1e-9)
-        logger.finish(global_step, wall, sps, eval_result, checkpoint, exit_code=int(failed), dropped_rollouts=dropped)
         envs.close()
         eval_envs.close()
     if stop.requested:

@@ -409,3 +409,17 @@ def test_old_checkpoints_load_unless_they_used_what_only_the_vla_trainers_have_n
             assert message.startswith(f"error: --{flag.replace('_', '-')} {path}: written by the old {script}.py")
             assert f"--{key.replace('_', '-')} {value}" in message and vla in message and "\n" not in message
     assert not list((tmp_path / "c").glob("*/summary.json"))  # refused before any run started
+
+
+def test_a_checkpoint_of_a_two_rank_ppo_ddp_run_resumes_at_its_env_step(tmp_path, capsys):
+    """A two-rank ppo_ddp.py checkpoint counts iterations of both ranks' batches: after its iteration 3 the world
+    has taken 6 of ppo_continuous.py's batches, so a resume starts at iteration 7 and stops at the planned total
+    (not 3 + 1, which would run 6 batches too many and restart the learning-rate schedule from 0.75 of its base)."""
+    first = ppo.main(tiny_args(tmp_path / "a", save_freq=6, total_timesteps=12 * 8 * 10))  # 12 iterations of 80
+    ckpt = torch.load(Path(first["run_dir"]) / "checkpoints" / "iter_000006.pt", weights_only=True)
+    assert ckpt["global_step"] == 6 * 80
+    world = dict(ckpt, script="ppo_ddp", iteration=3, num_iterations=6)  # what rank 0 of two ranks writes there
+    torch.save(world, tmp_path / "ddp.pt")
+    capsys.readouterr()
+    resumed = ppo.main(tiny_args(tmp_path / "b", resume=str(tmp_path / "ddp.pt"), total_timesteps=12 * 8 * 10))
+    assert "start=7" in capsys.readouterr().out and resumed["global_step"] == 12 * 80

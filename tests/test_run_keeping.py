@@ -3,6 +3,7 @@ the one failure style."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import random
@@ -168,3 +169,37 @@ def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
     env.reset(seed=0)
     _, reward, _, _, info = env.step(torch.zeros(16, env.single_action_space.shape[0]))
     torch.testing.assert_close(sum(info["rewards"].values()), reward)
+
+
+FAULTS = [
+    ("raise_at_step", RuntimeError, "RuntimeError: "),
+    ("nan_obs_at_step", SystemExit, "UsageError: error: non-finite"),
+]
+
+
+@pytest.mark.parametrize("fault, raised, error", FAULTS, ids=[f for f, *_ in FAULTS])
+@pytest.mark.parametrize("script", ["ppo_continuous", "ppo_ddp", "grpo", "ppo_vla", "ppo_vla_async", "grpo_vla"])
+def test_a_run_that_ends_in_an_error_still_writes_its_summary(tmp_path, script, fault, raised, error):
+    """An env that raises at its 45th step (grpo: 120th), or gives a NaN observation there: the error goes on (a
+    traceback, or the one line of a non-finite observation), and summary.json says what is known: the last logged
+    step, the error, last.pt where one was written (every iteration here)."""
+    module = importlib.import_module(f"cleanrl_embodied.{script}")
+    at_step = 120 if script == "grpo" else 45  # (grpo's horizon: the episode limit, 50 steps)
+    kwargs = dict(
+        env_id="tests.envs_for_tests:PointReach-v0", env_kwargs=json.dumps({fault: at_step}), num_envs=2, num_steps=4,
+        num_minibatches=2, update_epochs=1, total_timesteps=2 * 4 * 20, eval_freq=0, save_freq=1, num_eval_envs=2,
+        num_eval_episodes=2, output_dir=str(tmp_path), cuda=False, seed=1,
+    )  # fmt: skip
+    if script.startswith("grpo"):
+        kwargs.update(group_size=2)
+    if script == "grpo":  # horizons of 50 steps: 4 iterations
+        kwargs.update(num_steps=None, total_timesteps=2 * 50 * 4)
+    if script.endswith(("vla", "vla_async")):
+        kwargs.update(policy="toy_policies:ToyVLA")
+    kwargs = {k: v for k, v in kwargs.items() if k in {f.name for f in dataclasses.fields(module.Args)}}
+    with pytest.raises(raised):
+        module.main(module.Args(**kwargs))
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["error"].startswith(error), summary["error"]
+    assert summary["global_step"] > 0 and summary["checkpoint"] == str(run / "checkpoints" / "last.pt")
