@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_embodied.shared.tensordict_helpers import state_dim, float_entries
+from cleanrl_embodied.shared.tensordict_helpers import float_entries, state_dim
 
 
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:

@@ -14,7 +14,7 @@ Parts, measured one after another in this one invocation (threads pinned, warm-u
 3. breakdown: each script's real `main()` runs in this process, timed through public seams only (nothing
    of the trainer module is replaced): the agent comes from the policy hook (`--policy speed:timed_agent`, the
    script's own network whose no-grad calls are timed, and so is the sampling from the distributions they return,
-   up to the action's log-prob: policy), the envs that `shared.cli.build_env` makes time their `step`/`reset`
+   up to the action's log-prob: policy), the envs that `shared.build_env` makes time their `step`/`reset`
    (env step), and the update runs from the rollout's last forward to the iteration's `RunLogger.log`
    (advantages + epochs of minibatch loss/backward/step). The iteration is the time between two `log` calls; the
    rest (overhead) is what is left: storage writes, the TensorDict the policy step returns, finite checks, episode
@@ -390,23 +390,27 @@ def timed_agent(obs_space, act_space, args):
 @contextlib.contextmanager
 def instrumented(timer: PhaseTimer):
     """Time the real loop through public seams: the agent comes from `--policy speed:timed_agent`, the envs
-    that `shared.cli.build_env` makes are wrapped in `TimedEnv`, and every `RunLogger.log` carrying
+    that `shared.build_env` makes are wrapped in `TimedEnv`, and every `RunLogger.log` carrying
     charts/SPS closes an iteration. Nothing of the trainer module is replaced; all is restored afterwards."""
     global TIMER
-    from cleanrl_embodied.shared import cli, logging
+    from cleanrl_embodied.shared import builders, logging
 
-    make_env, log = cli.make_env, logging.RunLogger.log
+    make_env, log = builders.make_env, logging.RunLogger.log
 
     def timed_log(self, scalars, step):
         if "charts/SPS" in scalars:
             timer.iteration_end()
         log(self, scalars, step)
 
-    TIMER, cli.make_env, logging.RunLogger.log = timer, lambda *a, **k: TimedEnv(make_env(*a, **k), timer), timed_log
+    TIMER, builders.make_env, logging.RunLogger.log = (
+        timer,
+        lambda *a, **k: TimedEnv(make_env(*a, **k), timer),
+        timed_log,
+    )
     try:
         yield
     finally:
-        TIMER, cli.make_env, logging.RunLogger.log = None, make_env, log
+        TIMER, builders.make_env, logging.RunLogger.log = None, make_env, log
 
 
 def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: str, extra: str) -> dict:

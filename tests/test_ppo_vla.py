@@ -242,3 +242,12 @@ def test_episodes_that_end_inside_the_rollout_bootstrap_through_micro_batches(sc
     summary = train(script, args)
     assert summary["train"]["charts/episodic_length"] == 3.0
     assert max(size for _, size in SIZES) == 3
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_reward_terms_stay_means_per_env_step_with_chunks(script, tmp_path):
+    """PushCubeLangRL's time term is -1 at every env step: logged as -1 with chunks of 4 too (a decision's terms
+    are sums over the steps it ran; the mean divides by those steps, not by the decisions)."""
+    for chunk in (1, 4):
+        summary = train(script, args_for(script, tmp_path / str(chunk), action_chunk=chunk))
+        assert summary["train"]["rewards/time"] == pytest.approx(-1.0), chunk
