@@ -50,6 +50,8 @@ import os
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
 __all__ = ["PointReach"]
 
@@ -186,3 +188,63 @@ def spaces(obs_dim: int, act_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Box]:
 def random_actions(shape, seed: int) -> torch.Tensor:
     """Uniform actions in [-1, 1] of ``shape`` from their own seeded generator."""
     return 2 * torch.rand(shape, generator=torch.Generator().manual_seed(seed)) - 1
+
+
+TASK_NAMES = ("east", "north", "west", "south")
+TASK_TARGETS = np.array([(0.5, 0.0), (0.0, 0.5), (-0.5, 0.0), (0.0, -0.5)], dtype=np.float32)
+
+
+class MultiTaskReachVec(gym.vector.VectorEnv):
+    """A numpy vector env that a multi-task suite would register with a ``vector_entry_point`` only: sub-env i runs
+    task i % 4 (reach one of four targets from the origin), seen as ``[position (2), one-hot task (4)]``; reward
+    ``-distance``, success and termination within 0.1 of the target, truncation after ``max_steps``. It says which
+    task each sub-env runs (``info["task_id"]``, ``metadata["task_names"]``) and resets finished sub-envs in the
+    ``autoreset_mode`` it is given (SAME_STEP: ``info["final_obs"]`` / ``info["final_info"]`` as SyncVectorEnv)."""
+
+    def __init__(self, num_envs: int = 1, max_steps: int = 20, autoreset_mode=AutoresetMode.SAME_STEP):
+        self.num_envs, self.max_steps = num_envs, max_steps
+        self.metadata = {"autoreset_mode": AutoresetMode(autoreset_mode), "task_names": TASK_NAMES}
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.task = np.arange(num_envs) % len(TASK_NAMES)
+        self.position = np.zeros((num_envs, 2), np.float32)
+        self.steps = np.zeros(num_envs, np.int64)
+
+    def _obs(self) -> np.ndarray:
+        return np.concatenate([self.position, np.eye(len(TASK_NAMES), dtype=np.float32)[self.task]], axis=1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        mask = (options or {}).get("reset_mask", np.ones(self.num_envs, bool))
+        self.position[mask], self.steps[mask] = 0.0, 0
+        ids = self.task.copy()
+        return self._obs(), {"task_id": ids, "_task_id": np.ones(self.num_envs, bool)}
+
+    def step(self, actions):
+        self.position += 0.1 * np.clip(np.asarray(actions, np.float32), -1.0, 1.0)
+        self.steps += 1
+        distance = np.linalg.norm(self.position - TASK_TARGETS[self.task], axis=1)
+        success = distance < 0.1
+        terminated, truncated = success, (self.steps >= self.max_steps) & ~success
+        done = terminated | truncated
+        info = {"success": success, "_success": np.ones(self.num_envs, bool), "task_id": self.task.copy(),
+                "_task_id": np.ones(self.num_envs, bool)}  # fmt: skip
+        if done.any():
+            final_obs = np.empty(self.num_envs, dtype=object)
+            for i in np.flatnonzero(done):
+                final_obs[i] = self._obs()[i]
+            info["final_info"] = {"success": success, "_success": done, "task_id": self.task.copy(), "_task_id": done}
+            info["final_obs"], info["_final_obs"] = final_obs, done
+            self.position[done], self.steps[done] = 0.0, 0
+        return self._obs(), -distance.astype(np.float32), terminated, truncated, info
+
+
+MULTI_TASK_ID = "MultiTaskReachVec-v0"
+NEXT_STEP_ID = "MultiTaskReachVecNextStep-v0"
+if MULTI_TASK_ID not in gym.registry:  # a vector entry point only: gym.make cannot build it, gym.make_vec can
+    gym.register(MULTI_TASK_ID, vector_entry_point=MultiTaskReachVec)
+if NEXT_STEP_ID not in gym.registry:  # one whose creator cannot be asked for SAME_STEP
+    gym.register(
+        NEXT_STEP_ID, vector_entry_point=lambda num_envs=1: MultiTaskReachVec(num_envs, 20, AutoresetMode.NEXT_STEP)
+    )

@@ -238,3 +238,39 @@ def test_real_maniskill_is_not_imported_for_other_ids():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "" and proc.stderr.strip() == ""
+
+
+def test_an_id_with_only_a_vector_entry_point_trains_and_logs_success_per_task(tmp_path):
+    """A multi-task suite's way to register (`gym.make_vec` works, `gym.make` does not): the id serves the contract,
+    each sub-env runs its own task, and training logs success per task from the env's `info["task_id"]`."""
+    from tests.envs_for_tests import MULTI_TASK_ID, TASK_NAMES
+
+    with pytest.raises(Exception):  # noqa: B017 - what Gymnasium itself says (no single-env entry point)
+        gym.make(MULTI_TASK_ID)
+    env = make_env(f"tests.envs_for_tests:{MULTI_TASK_ID}", num_envs=8, seed=0)
+    obs, info = env.reset(seed=0)
+    assert obs.shape == (8, 6) and obs[:, 2:].argmax(-1).tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    ended = None
+    for _ in range(25):  # truncated after 20 steps at the latest
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(8, 2))
+        if info["_episode"].any():
+            ended = info
+            break
+    assert ended is not None and ended["episode"]["task_id"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert torch.equal(ended["final_obs"][:, 2:].argmax(-1), torch.tensor([0, 1, 2, 3] * 2))
+    args = ppo.Args(
+        env_id=f"tests.envs_for_tests:{MULTI_TASK_ID}", num_envs=8, num_steps=25, num_minibatches=2, update_epochs=1,
+        total_timesteps=8 * 25 * 2, eval_freq=0, save_freq=0, num_eval_envs=4, num_eval_episodes=4, cuda=False,
+        output_dir=str(tmp_path), hidden_sizes=(16,),
+    )  # fmt: skip
+    summary = json.loads((Path(ppo.main(args)["run_dir"]) / "summary.json").read_text())
+    assert {f"charts/success_rate/{task}" for task in TASK_NAMES} <= set(summary["train"])
+    assert {f"success_rate/{task}" for task in TASK_NAMES} <= set(summary["eval"])
+
+
+def test_a_vector_only_id_that_cannot_reset_same_step_is_one_line():
+    from tests.envs_for_tests import NEXT_STEP_ID
+
+    with pytest.raises(ValueError) as e:
+        make_env(f"tests.envs_for_tests:{NEXT_STEP_ID}", num_envs=2)
+    assert "SAME_STEP" in str(e.value) and "\n" not in str(e.value)

@@ -19,6 +19,7 @@ See ``docs/env-contract.md`` and ``docs/internals.md``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import warnings
 from collections.abc import Sequence
@@ -729,12 +730,32 @@ class GymnasiumToTorch(RenderFirstEnv):
         final_info = info.pop("final_info", None) or {}
         info.pop("_final_info", None)
         success = self._pop_success(info, final_info, terminated | truncated)
+        task_id = self._pop_task_id(info, final_info, terminated | truncated)
         if final_info:
             last_step_entries(info, final_info, terminated | truncated)
         final_rows = {i: final_obs[i] for i in np.flatnonzero(terminated | truncated)} if final_obs is not None else {}
         obs_t, final_t = self._obs_outputs(obs, final_rows)
         out = self._info_to_torch(info) if info else {}
-        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, None)
+        obs_t, reward_t, terminated_t, truncated_t, out = self._outputs(
+            obs_t, final_t, reward, terminated, truncated, success, out, None
+        )
+        if task_id is not None:  # the task each sub-env ran: per-task success (RolloutStats, evaluate)
+            out["task_id"] = torch.from_numpy(task_id).to(self.device)
+            if "episode" in out:
+                out["episode"]["task_id"] = out["task_id"]
+        return obs_t, reward_t, terminated_t, truncated_t, out
+
+    @staticmethod
+    def _pop_task_id(info: dict, final_info: dict, done: np.ndarray) -> np.ndarray | None:
+        """The task of the transition just taken (``info["task_id"]``, an integer per sub-env), for finished envs that
+        of the episode that ended (``final_info``: the top-level info belongs to the new episode); None without."""
+        if "task_id" not in info and "task_id" not in final_info:
+            return None
+        task = np.asarray(info.pop("task_id", np.zeros(done.shape, np.int64)), dtype=np.int64).copy()
+        info.pop("_task_id", None)
+        if "task_id" in final_info:
+            task = np.where(done & final_info.get("_task_id", done), np.asarray(final_info["task_id"]), task)
+        return task
 
 
 def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
@@ -794,6 +815,32 @@ def _offers_rgb_array(env_id: str) -> bool:
         return False
 
 
+def _vector_only_env(env_id: str, num_envs: int, device, seed, flatten_obs, info_keys, env_kwargs: dict) -> VectorEnv:
+    """An id registered with a ``vector_entry_point`` only (multi-task suites register this way: ``gym.make_vec``
+    works, ``gym.make`` does not): its own vector env, asked for SAME_STEP autoreset where its creator takes an
+    ``autoreset_mode``, -> :func:`numpy_vector_to_torch`. Each sub-env may run another task: where the env reports
+    ``info["task_id"]`` and names its tasks in ``metadata["task_names"]``, success is logged per task. One line for
+    an env that resets in another mode (the trainers need the last observation of every finished episode)."""
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.vector_entry_point) if isinstance(spec.vector_entry_point, str) else None
+    creator = creator or spec.vector_entry_point
+    takes_mode = "autoreset_mode" in inspect.signature(creator).parameters
+    kwargs = {**({"autoreset_mode": AutoresetMode.SAME_STEP} if takes_mode else {}), **env_kwargs}
+    try:
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    except gym.error.DependencyNotInstalled as e:
+        raise ValueError(f"--env-id {env_id!r} needs a package that is not installed ({e})") from None
+    mode = env.metadata.get("autoreset_mode")
+    if mode != AutoresetMode.SAME_STEP:
+        env.close()
+        raise ValueError(
+            f"--env-id {env_id!r} registers only a vector env, and it resets finished sub-envs in mode {mode}; the "
+            "trainers need Gymnasium's SAME_STEP autoreset (the last observation in info['final_obs']): give its "
+            "creator an autoreset_mode argument or register a single-env entry point"
+        )
+    return numpy_vector_to_torch(env, device=device, seed=seed, flatten_obs=flatten_obs, info_keys=info_keys)
+
+
 def make_gymnasium_env(
     env_id: str,
     num_envs: int,
@@ -807,6 +854,9 @@ def make_gymnasium_env(
     """``make_env``'s backend for a registered numpy Gymnasium id: ``num_envs`` sub-envs (SAME_STEP autoreset,
     stepped in this process (``"sync"``) or one worker process each (``"async"``), ``render_mode="rgb_array"``
     where the env has it) -> :func:`numpy_vector_to_torch`."""
+    spec = gym.spec(env_id)
+    if spec.entry_point is None and spec.vector_entry_point is not None:  # a suite that registers only its vector env
+        return _vector_only_env(env_id, num_envs, device, seed, flatten_obs, info_keys, env_kwargs)
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
         env_kwargs["render_mode"] = "rgb_array"  # for --capture-video; see GymnasiumToTorch.render
     try:
