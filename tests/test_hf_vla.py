@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -520,3 +522,12 @@ def test_bins_decode_to_centres_inside_the_bounds():
     assert torch.allclose(dist.log_prob(draws), expected)
     with pytest.raises(NotImplementedError):
         dist.mean  # noqa: B018 - a categorical has no meaningful mean: evaluation uses the mode
+
+
+def test_bins_on_an_unbounded_action_space_are_one_line():
+    """Token bins need a finite range to spread over: an unbounded Box is refused in one line naming the flag."""
+    env = lang_env(num_envs=2)
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    with pytest.raises(SystemExit) as e:
+        make_policy(env.single_observation_space, unbounded, flags("bins", 16))
+    assert "--action-head" in one_line_exit(e) and "bounded" in one_line_exit(e)
