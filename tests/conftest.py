@@ -11,3 +11,14 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (benchmarks/gpu_check.py runs `pytest -m cuda`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test skipped for want of CUDA is also marked `cuda`, so `pytest -m cuda` selects the GPU tests."""
+    for item in items:
+        if any("cuda" in str(mark.kwargs.get("reason", "")).lower() for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)

@@ -356,7 +356,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, sharded: torch
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(sharded, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        # strict=False: a trainable parameter that never got a gradient (e.g. LoRA on a module the policy does not
+        # use) has no optimizer state in the checkpoint, as in the run that wrote it; torch's strict check refuses it
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_optimizer_state_dict(sharded, optimizer, state, options=options)
     for group, lr in zip(optimizer.param_groups, lrs):
         if isinstance(lr, torch.Tensor):
             group["lr"] = lr.fill_(float(group["lr"]))

@@ -1,0 +1,141 @@
+"""benchmarks/gpu_check.py, the prepared GPU check: its CPU dry run (every part at tiny sizes, ppo_ddp launched by
+torchrun on gloo) writes the report and the JSON with a status and a wall time for each part, and nothing in it
+fails; the host-sync counter and the micro-batch search on made-up input."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+gpu_check = importlib.import_module("gpu_check")
+
+TRAINERS = ["ppo_continuous", "grpo", "ppo_ddp", "ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp"]
+
+
+def vla_extra() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("peft", "transformers"))
+
+
+@pytest.mark.skipif(not vla_extra() and not os.environ.get("CI"), reason="the VLA parts need the vla extra")
+def test_the_dry_run_writes_a_report_and_every_part_passes(tmp_path):
+    data = gpu_check.main(gpu_check.Args(dry_run=True, out=str(tmp_path)))
+    report, saved = tmp_path / "report.md", json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved == json.loads(json.dumps(data, default=str))
+    assert "DRY RUN on the CPU" in report.read_text()
+    assert saved["dry_run"] and {"name", "driver", "torch", "cuda"} <= set(saved["device"])
+    assert set(saved["parts"]) == set(gpu_check.PARTS)
+    for name, part in saved["parts"].items():
+        assert isinstance(part["wall_s"], float), name
+        assert part["status"] == "ok", (name, part.get("error"), [(i["name"], i.get("error")) for i in part["items"]])
+        for item in part["items"]:
+            assert item["status"] in ("ok", "skipped") and isinstance(item["wall_s"], float), (name, item)
+    tests = saved["parts"]["tests"]["items"][0]["metrics"]
+    assert tests["tests"] > 0 and tests["skipped"] == tests["tests"]  # `-m cuda` finds the CUDA tests; no CUDA here
+    trainers = {item["name"]: item for item in saved["parts"]["trainers"]["items"]}
+    assert set(trainers) == {*TRAINERS, "ppo_vla_ddp --fsdp"}
+    assert trainers["ppo_ddp"]["launcher"] == "torchrun, 1 rank (gloo)"
+    for item in trainers.values():  # ran 2 iterations, resumed for a third, and found its rollout loop
+        assert item["checks"] == {"runs": True, "rollout_loop_found": True, "resumes": True}, item["name"]
+    ppo = {item["name"]: item for item in saved["parts"]["ppo"]["items"]}
+    assert ppo["eager"]["metrics"]["steady_sps"] > 0 and ppo["compile + cudagraphs"]["status"] == "skipped"
+    assert [e[0] for e in ppo["time to eval success 0.9 (eager)"]["metrics"]["evals"]] == [64, 128]
+    for item in saved["parts"]["vla"]["items"]:
+        assert item["metrics"]["micro_batch_size"] == item["metrics"]["minibatch_size"]
+        assert item["checks"] == {"checkpointing_as_asked": True}
+
+
+@pytest.mark.parametrize("script", TRAINERS)
+def test_each_trainer_has_one_rollout_loop_for_the_sync_count(script):
+    assert len(gpu_check.rollout_loop_lines(REPO / "cleanrl_embodied" / f"{script}.py")) == 1
+
+
+SOURCE = """
+import warnings
+
+
+def run(message):
+    warnings.warn(message)  # before the loop
+    for step in range(3):
+        warnings.warn(message)
+    warnings.warn("something else")
+"""
+
+
+def test_the_sync_counter_counts_the_syncs_inside_the_loop(tmp_path):
+    """The hook as CUDA's sync check drives it (here by hand: no CUDA needed): a warning whose message starts with
+    PyTorch's is counted, as in the loop where a frame of the file lies inside `for step in range(...)`; other
+    warnings go on as before."""
+    path = tmp_path / "fake_trainer.py"
+    path.write_text(SOURCE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fake = importlib.import_module("fake_trainer")
+    finally:
+        sys.path.remove(str(tmp_path))
+    counter = gpu_check.SyncCounter(path, cuda=False)
+    assert counter.loops == [(7, 8)]
+    with pytest.warns(UserWarning, match="something else"), counter:
+        fake.run(gpu_check.SYNC_MESSAGE + " (Triggered internally at CUDAFunctions.cpp:1.)")
+    assert (counter.total, counter.in_loop, counter.in_loop_trainer) == (4, 3, 0)  # the file is not cleanrl_embodied's
+    assert list(counter.where.values()) == [3] and next(iter(counter.where)).endswith("fake_trainer.py:8")
+    with warnings.catch_warnings(record=True) as seen:  # the hook is gone
+        warnings.simplefilter("always")
+        fake.run(gpu_check.SYNC_MESSAGE)
+    assert len(seen) == 5 and counter.total == 4
+
+
+def test_the_micro_batch_search_halves_until_one_fits():
+    def run(size: int) -> str:
+        if size > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return f"ran {size}"
+
+    def is_oom(e: BaseException) -> bool:
+        return isinstance(e, torch.OutOfMemoryError)
+
+    assert gpu_check.micro_batch_sizes(64) == [64, 32, 16, 8, 4, 2, 1]
+    assert gpu_check.first_that_fits([64, 32, 16, 8, 4], run, is_oom) == (8, "ran 8", [64, 32, 16])
+    with pytest.raises(RuntimeError, match="out of memory at every micro-batch size"):
+        gpu_check.first_that_fits([64, 32], run, is_oom)
+
+    def broken(size: int) -> None:
+        raise ValueError("not a memory problem")
+
+    with pytest.raises(ValueError):  # only running out of memory moves on to a smaller size
+        gpu_check.first_that_fits([64, 32], broken, is_oom)
+
+
+def test_a_gpu_report_and_its_section_of_the_benchmarks_page(tmp_path):
+    """The report and the docs section of a run on a GPU, from a made-up record (the dry run only writes the CPU's):
+    the device and versions, the host-sync cell, and a link the docs site resolves."""
+    syncs = {"active": True, "loop_found": True, "total": 9, "rollout_loop": 8, "rollout_loop_trainer": 0,
+             "rollout_loop_policy": 8, "rollout_steps": 4, "where": {"examples/hf_vla/tokenizer.py:88": 8}}  # fmt: skip
+    item = {"name": "ppo_vla", "status": "ok", "launcher": "in-process", "wall_s": 3.0, "command": "python x.py",
+            "checks": {"runs": True, "no_rollout_sync": True}, "metrics": {"sps": 100, "syncs": syncs}}  # fmt: skip
+    failed = {"name": "ppo_ddp", "status": "fail", "wall_s": 1.0, "error": "RuntimeError: a | b", "checks": {},
+              "metrics": {}}  # fmt: skip
+    data = {
+        "dry_run": False, "started": "2026-01-01T00:00:00", "wall_s": 400.0, "command": "python gpu_check.py",
+        "device": {"name": "Made-up GPU", "driver": "999.1", "memory_gib": 80.0, "torch": "2.x", "cuda": "12.8"},
+        "budgets_s": {"trainers": 130.0}, "info": {"versions": {"cudnn": 91000}, "git": {"git_sha": "abc"}},
+        "parts": {"trainers": {"status": "fail", "wall_s": 4.0, "items": [item, failed]}},
+    }  # fmt: skip
+    text = gpu_check.report(data)
+    assert text.startswith("# GPU check: Made-up GPU") and "DRY RUN" not in text
+    assert "driver: 999.1; torch 2.x, CUDA 12.8, cuDNN 91000" in text
+    assert "0 trainer/env + 8 policy in 4 rollout steps (9 in the run): `examples/hf_vla/tokenizer.py:88` x8" in text
+    assert "fail: RuntimeError: a \\| b" in text  # a table cell
+    out = REPO / "docs" / "results" / "gpu-made-up-gpu-2026-01-01"
+    md = tmp_path / "benchmarks.md"
+    gpu_check.write_section(md, "gpu-check", gpu_check.section(data, out))
+    assert "[report](results/gpu-made-up-gpu-2026-01-01/report.md)" in md.read_text()
+    assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
