@@ -821,9 +821,8 @@ def _vector_only_env(env_id: str, num_envs: int, device, seed, flatten_obs, info
     ``autoreset_mode``, -> :func:`numpy_vector_to_torch`. Each sub-env may run another task: where the env reports
     ``info["task_id"]`` and names its tasks in ``metadata["task_names"]``, success is logged per task. One line for
     an env that resets in another mode (the trainers need the last observation of every finished episode)."""
-    spec = gym.spec(env_id)
-    creator = load_env_creator(spec.vector_entry_point) if isinstance(spec.vector_entry_point, str) else None
-    creator = creator or spec.vector_entry_point
+    creator = gym.spec(env_id).vector_entry_point
+    creator = load_env_creator(creator) if isinstance(creator, str) else creator
     takes_mode = "autoreset_mode" in inspect.signature(creator).parameters
     kwargs = {**({"autoreset_mode": AutoresetMode.SAME_STEP} if takes_mode else {}), **env_kwargs}
     try:
