@@ -28,9 +28,10 @@ device-to-host copies, `nonzero`, boolean-mask indexing, ...) raise a Python war
 running; a `warnings.showwarning` hook takes the Python stack at each one and counts it as in the rollout loop
 when a frame of the trainer's file lies inside its `for step in range(...)` loop (found with `ast`; also on the
 ppo_vla_async collector thread). Each sync is named by its innermost frame outside Python's and the installed
-libraries' files, and counted as the trainer's where that frame is in cleanrl_embodied/ (trainer, shared, envs:
-these must be zero), else as the policy's (the --policy code, e.g. examples/hf_vla, whose prompt cache documents
-two syncs per call). Counting cudaStreamSynchronize calls with the profiler was not chosen: placing them in the
+libraries' files, and counted as the policy's when any frame of the stack is in the --policy code (outside
+cleanrl_embodied/, e.g. examples/hf_vla, whose prompt cache documents two syncs per call, also through a shared
+helper it calls), else as the trainer's (trainer, shared, envs: these must be zero). Counting
+cudaStreamSynchronize calls with the profiler was not chosen: placing them in the
 rollout loop needs the loop marked as a region (`record_function`) inside each trainer, which this check leaves
 unedited, while the debug mode needs no change to them. Not seen by this one: a sync that does not pass through
 PyTorch's check (e.g. a blocking `cudaMemcpy` from pageable host memory).
@@ -271,7 +272,10 @@ class SyncCounter:
             self.total += 1
             if in_loop:
                 self.in_loop += 1
-                self.in_loop_trainer += _real(path).startswith(self.TRAINER_CODE)
+                # the policy's when any checked frame lies in its code (a shared helper it calls is still its sync)
+                by_policy = any(_code_file(f.filename) and not _real(f.filename).startswith(self.TRAINER_CODE)
+                                for f in stack)  # fmt: skip
+                self.in_loop_trainer += not by_policy
                 self.where[f"{shown}:{line}"] += 1
 
     def summary(self, loop_steps: int) -> dict[str, Any]:

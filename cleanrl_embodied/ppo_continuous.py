@@ -256,7 +256,7 @@ def make_agent(envs, args: Args) -> nn.Module:
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample an action (unclipped: the env clips it); return it with its log-prob (summed over entries) and V(obs)."""
     dist, value = agent(obs)
-    action = dist.sample()
+    action = dist.rsample()  # loc + scale * noise: the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
     logprob = dist.log_prob(action).flatten(1).sum(-1)
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -91,6 +92,31 @@ def test_the_sync_counter_counts_the_syncs_inside_the_loop(tmp_path):
         warnings.simplefilter("always")
         fake.run(gpu_check.SYNC_MESSAGE)
     assert len(seen) == 5 and counter.total == 4
+
+
+def test_a_sync_is_the_policys_when_its_code_is_on_the_stack():
+    """Who owns a sync in the rollout loop: the trainer (and the env, and shared/) unless a frame of the policy's code
+    lies between the loop and the sync; a shared helper the policy calls (the prompt cache decoding instructions)
+    is the policy's sync, an env step under the loop is the trainer's."""
+    trainer = REPO / "cleanrl_embodied" / "ppo_vla.py"
+    counter = gpu_check.SyncCounter(trainer, cuda=False)
+    (first, _), = counter.loops
+
+    def frame(path, line=1):
+        return traceback.FrameSummary(str(path), line, "f")
+
+    loop = frame(trainer, first + 1)
+    tokenizer = frame(REPO / "examples" / "hf_vla" / "tokenizer.py", 91)
+    language = frame(REPO / "cleanrl_embodied" / "shared" / "language.py", 84)
+    franka = frame(REPO / "cleanrl_embodied" / "shared" / "envs" / "franka.py", 78)
+    counter.record([loop, tokenizer, language], "x", 1)  # the policy's, though innermost in shared/
+    counter.record([loop, franka], "x", 1)  # the env's: the trainer's side
+    counter.record([frame(trainer, 1), franka], "x", 1)  # outside the loop
+    assert (counter.total, counter.in_loop, counter.in_loop_trainer) == (3, 2, 1)
+    assert counter.where == {
+        "cleanrl_embodied/shared/language.py:84": 1,
+        "cleanrl_embodied/shared/envs/franka.py:78": 1,
+    }
 
 
 def test_the_micro_batch_search_halves_until_one_fits():

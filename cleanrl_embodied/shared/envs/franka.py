@@ -16,6 +16,7 @@ Positions are returned in the world frame, with the robot base at ``base_pos`` (
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -73,11 +74,18 @@ def rest_qpos(device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.tensor(REST_QPOS, dtype=torch.float32, device=device)
 
 
+@functools.lru_cache(maxsize=32)
+def constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A tuple of constants as a tensor on ``device``, made once: copying a Python list to a GPU every step
+    would block on the host each time."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def link_transforms(q: torch.Tensor) -> torch.Tensor:
     """Parent-to-child transforms of the 7 links, built all at once: [N, 7] -> [N, 7, 4, 4]."""
-    a = q.new_tensor(DH_A)
-    d = q.new_tensor(DH_D)
-    alpha = q.new_tensor(DH_ALPHA)
+    a = constant(tuple(DH_A), q.device, q.dtype)
+    d = constant(tuple(DH_D), q.device, q.dtype)
+    alpha = constant(tuple(DH_ALPHA), q.device, q.dtype)
     cos_a, sin_a = torch.cos(alpha), torch.sin(alpha)
     cos_q, sin_q = torch.cos(q), torch.sin(q)
     zero = torch.zeros_like(q)
@@ -99,7 +107,7 @@ def frame_transforms(q: torch.Tensor, base_pos: tuple[float, float, float] = DEF
     """
     links = link_transforms(q)
     world = links[:, 0].clone()
-    world[:, :3, 3] += q.new_tensor(base_pos)
+    world[:, :3, 3] += constant(tuple(base_pos), q.device, q.dtype)
     frames = [world]
     for i in range(1, NUM_JOINTS):
         world = world @ links[:, i]
@@ -116,7 +124,7 @@ def forward_kinematics(q: torch.Tensor, base_pos: tuple[float, float, float] = D
     Consecutive points are joined by the arm's links, which is what a renderer needs.
     """
     origins = frame_transforms(q, base_pos)[:, :, :3, 3]
-    base = q.new_tensor(base_pos).expand(q.shape[0], 1, 3)
+    base = constant(tuple(base_pos), q.device, q.dtype).expand(q.shape[0], 1, 3)
     return torch.cat([base, origins], dim=1)
 
 

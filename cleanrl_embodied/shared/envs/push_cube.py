@@ -1226,7 +1226,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot (the last)."""
         if mask is not None:
             flat = torch.where(mask, flat, buffer.shape[0] - 1)
-        value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).expand(flat.shape)
+        if isinstance(value, torch.Tensor):
+            value = value.to(buffer.dtype).expand(flat.shape)
+        else:  # a Python number: filled on the device (as_tensor would copy it from the host, a sync on a GPU)
+            value = torch.full(flat.shape, value, dtype=buffer.dtype, device=buffer.device)
         buffer.scatter_reduce_(0, flat.reshape(-1), value.reshape(-1), reduce)
 
     def _render_obs(self) -> torch.Tensor:
