@@ -100,7 +100,7 @@ def test_a_sync_is_the_policys_when_its_code_is_on_the_stack():
     is the policy's sync, an env step under the loop is the trainer's."""
     trainer = REPO / "cleanrl_embodied" / "ppo_vla.py"
     counter = gpu_check.SyncCounter(trainer, cuda=False)
-    (first, _), = counter.loops
+    ((first, _),) = counter.loops
 
     def frame(path, line=1):
         return traceback.FrameSummary(str(path), line, "f")
