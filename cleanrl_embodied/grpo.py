@@ -206,7 +206,8 @@ class Actor(nn.Module):
 def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample an action (unclipped: the env clips) and its log-prob."""
     dist = actor.dist(obs)
-    action = dist.rsample()  # loc + scale * noise: the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
+    # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
+    action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(action=action, logprob=dist.log_prob(action).flatten(1).sum(-1), batch_size=obs.shape[:1])
 
 

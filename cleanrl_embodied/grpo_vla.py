@@ -186,8 +186,8 @@ def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries) and the action the env gets."""
     dist = actor.dist(obs)
-    # a Gaussian's rsample is loc + scale * noise, the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
-    action = dist.rsample() if dist.has_rsample else dist.sample()
+    # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
+    action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
         action=action,
         logprob=dist.log_prob(action).flatten(1).sum(-1),

@@ -5,11 +5,9 @@
         --gamma 0.99 --gae-lambda 0.95 --num-minibatches 32 --update-epochs 10 --learning-rate 3e-4 \
         --norm-obs --norm-reward --total-timesteps 500000
 
-Read top to bottom, as CleanRL's ppo_continuous_action.py: `Args`, the `Agent`, the pure functions (`policy_step`,
-`compute_gae`, `ppo_loss`, ...) that torch.compile wraps unchanged (`--compile`), then `main` with the training loop.
-The envs (torch tensors on the device, SAME_STEP autoreset with `info["final_obs"]`), flag checks, checkpoint loading,
-evaluation and Ctrl-C/SIGTERM handling are shared plumbing (`cleanrl_embodied.shared`); the algorithm and what a
-checkpoint holds are all here. Token-bin heads, action chunks, micro-batches and autocast: ppo_vla.py.
+Read top to bottom, as CleanRL's ppo_continuous_action.py: `Args`, the `Agent`, the pure functions that torch.compile
+wraps unchanged (`--compile`), then `main`. The algorithm and what a checkpoint holds are all here; `shared` is plumbing
+(torch vector envs with SAME_STEP autoreset, checkpoint files, evaluation, logging). VLAs: ppo_vla.py.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -118,28 +115,6 @@ def validate(args: Args) -> None:
         shared.fail("--cudagraphs needs CUDA (a GPU and --cuda); on the CPU leave it off (--compile still applies)")
 
 
-class RunningMeanStd(nn.Module):
-    """Running mean/variance in float64, merged batch by batch with the parallel-variance formula."""
-
-    def __init__(self, shape: tuple[int, ...] = ()):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        if self.mean.numel() == 0:  # observations without float entries: nothing to track
-            return
-        x = x.reshape(-1, *self.mean.shape).double()
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-        self.mean += delta * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
-
-
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -210,7 +185,7 @@ class Agent(nn.Module):
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
         num_floats = shared.state_dim(obs_space)  # images and instructions go through the encoder
         pixels_or_text = shared.image_spaces(obs_space) or shared.token_spaces(obs_space)
-        self.obs_rms = RunningMeanStd((num_floats,))
+        self.obs_rms = shared.RunningMeanStd((num_floats,))
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
         features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
@@ -226,10 +201,8 @@ class Agent(nn.Module):
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(features)
-        std = self.actor_logstd.expand_as(mean).exp()
-        # validate_args=False: the argument check would cost a host sync on every call
-        shape = (-1, *self.action_shape)
+        mean, shape = self.actor_mean(features), (-1, *self.action_shape)
+        std = self.actor_logstd.expand_as(mean).exp()  # validate_args=False: a check would cost a host sync per call
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
     def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
@@ -256,7 +229,8 @@ def make_agent(envs, args: Args) -> nn.Module:
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample an action (unclipped: the env clips it); return it with its log-prob (summed over entries) and V(obs)."""
     dist, value = agent(obs)
-    action = dist.rsample()  # loc + scale * noise: the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
+    # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
+    action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     logprob = dist.log_prob(action).flatten(1).sum(-1)
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
@@ -269,25 +243,12 @@ def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, det
     return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    dones: torch.Tensor,
-    gamma: float | torch.Tensor,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout of decisions.
+def compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda):
+    """Generalized advantage estimation over [T, N] decisions; returns (advantages, returns).
 
-    next_values[t] is V of the state reached by decision t in the *same* episode: V(obs[t+1]) while the
-    episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
-    has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
-    advantage recursion at episode ends. `gamma` is the discount of one decision: a float, or [T, N] where a
-    decision ran k env steps (an action chunk: gamma^k, and its reward is the discounted sum of those steps).
-    Masks select with `torch.where`, so a non-finite value past an episode's end never reaches its advantages
-    (NaN * 0 would be NaN). Returns (advantages, returns).
-    """
+    next_values[t] is V(obs[t+1]) while the episode goes on and V(final_obs) where it ended at t: a terminated step
+    does not bootstrap, a truncated one does; `dones` cuts the recursion. `gamma`: a float, or [T, N] (gamma^k for a
+    chunk of k env steps). Masks select with `torch.where`: a NaN past an episode's end would survive NaN * 0."""
     discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     deltas = rewards + discounts * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)
@@ -298,16 +259,8 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def normalize_advantages(mb: TensorDict) -> TensorDict:
-    """The minibatch with its advantages normalized to zero mean and unit std (over the whole minibatch, before
-    any split into micro-batches)."""
-    adv = mb["advantages"]
-    return mb.set("advantages", (adv - adv.mean()) / (adv.std() + 1e-8))
-
-
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics).
-    The advantages come normalized (`normalize_advantages`) when --norm-adv."""
+    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics)."""
     dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
@@ -315,6 +268,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     ratio = logratio.exp()
 
     adv = mb["advantages"]
+    if args.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -323,15 +278,10 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(
-            policy_loss=pg_loss,
-            value_loss=v_loss,
-            entropy=entropy,
-            old_approx_kl=(-logratio).mean(),
-            approx_kl=((ratio - 1) - logratio).mean(),
-            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
-        ).detach()
-    return loss, stats
+        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy, old_approx_kl=(-logratio).mean(),
+                           approx_kl=((ratio - 1) - logratio).mean(),
+                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())  # fmt: skip
+    return loss, stats.detach()
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -339,9 +289,7 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def scale_rewards(
-    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
-) -> torch.Tensor:
+def scale_rewards(rewards, dones, trace, rms, gamma: float, clip: float) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each env's
     discounted return so far and is updated in place (it restarts after episode ends)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
@@ -391,7 +339,7 @@ def main(args: Args) -> dict:
     params = [p for p in agent.parameters() if p.requires_grad]
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    reward_rms = RunningMeanStd().to(device)
+    reward_rms = shared.RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
     # compiled or graph-captured code then never sees the autograd-tracking module.
@@ -445,10 +393,11 @@ def main(args: Args) -> dict:
     )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
-    iteration, eval_result, checkpoint = start_iteration - 1, None, None
+    iteration = start_iteration - 1
     guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
-    next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
-    start_time, start_step = time.time(), global_step
+    keeper = shared.RunKeeper(
+        evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations, iteration, global_step
+    )  # evaluations and checkpoints when due, the end of the run
     # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (with what is known)
     with shared.StopFlag(logger.write) as stop, logger:
         for iteration in range(start_iteration, num_iterations + 1):
@@ -495,7 +444,6 @@ def main(args: Args) -> dict:
                 epoch_kl = []
                 for start in range(0, batch_size, minibatch_size):
                     mb = batch[perm[start : start + minibatch_size]]
-                    mb = normalize_advantages(mb) if args.norm_adv else mb
                     loss, stats = loss_fn(agent, mb, args)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -512,36 +460,15 @@ def main(args: Args) -> dict:
 
             # ---- logging: one host sync per iteration ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
-            sps = (global_step - start_step) / (time.time() - start_time)
             scalars = {f"losses/{k}": v for k, v in torch.stack(update_stats).mean(0).items()} if update_stats else {}
-            lr = optimizer.param_groups[0]["lr"]
-            scalars.update({"losses/explained_variance": explained_var, "charts/SPS": sps, "charts/learning_rate": lr})
-            scalars.update({"charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
-            logger.log(scalars, global_step)
-            ret, succ = logger.latest.get("charts/episodic_return"), logger.latest.get("charts/success_rate")
-            logger.progress(global_step, SPS=sps, ret=ret, succ=succ)
-
-            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
-            if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
-                next_eval = iteration + args.eval_freq
-                eval_result, is_best = evaluator.run(act, global_step)
-                if is_best:
-                    save_checkpoint("best.pt")
-            if args.save_freq and iteration >= next_save:
-                next_save = iteration + args.save_freq
-                checkpoint = save_checkpoint("last.pt")
-                save_checkpoint(f"iter_{iteration:06d}.pt")
+            scalars.update({"losses/explained_variance": explained_var, "charts/skipped_updates": guard.skipped})
+            scalars.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], **rollout_stats.scalars()})
+            logger.log_iteration(global_step, keeper.sps(global_step), scalars)
+            keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        checkpoint = save_checkpoint("last.pt")
-        if not stop.requested:
-            eval_result, is_best = evaluator.run(act, global_step)
-            if is_best:
-                save_checkpoint("best.pt")
-                checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
-        wall = time.time() - start_time
-        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
+        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
         envs.close()
         eval_envs.close()
         if stop.requested:

@@ -141,33 +141,6 @@ def validate(args: Args, show: bool) -> None:
         )
 
 
-class RunningMeanStd(nn.Module):
-    """Running mean/variance in float64, merged batch by batch with the parallel-variance formula."""
-
-    def __init__(self, shape: tuple[int, ...] = ()):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Merge the batches x of all ranks (a collective: every rank calls it and ends with the same bits)."""
-        if self.mean.numel() == 0:  # observations without float entries: nothing to track
-            return
-        x = x.reshape(-1, *self.mean.shape).double()
-        local = torch.cat([x.new_tensor([x.shape[0]]), x.mean(0).reshape(-1), x.var(0, unbiased=False).reshape(-1)])
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local)
-        for part in parts:  # in rank order, the same on every rank
-            n, batch_mean, batch_var = part[0], *part[1:].view(2, *self.mean.shape).unbind(0)
-            delta, total = batch_mean - self.mean, self.count + n
-            m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-            self.mean += delta * n / total
-            self.var.copy_(m2 / total)
-            self.count.copy_(total)
-
-
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -238,7 +211,7 @@ class Agent(nn.Module):
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
         num_floats = shared.state_dim(obs_space)  # images and instructions go through the encoder
         pixels_or_text = shared.image_spaces(obs_space) or shared.token_spaces(obs_space)
-        self.obs_rms = RunningMeanStd((num_floats,))
+        self.obs_rms = shared.RunningMeanStd((num_floats,))
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
         features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
@@ -254,10 +227,8 @@ class Agent(nn.Module):
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.actor_mean(features)
-        std = self.actor_logstd.expand_as(mean).exp()
-        # validate_args=False: the argument check would cost a host sync on every call
-        shape = (-1, *self.action_shape)
+        mean, shape = self.actor_mean(features), (-1, *self.action_shape)
+        std = self.actor_logstd.expand_as(mean).exp()  # validate_args=False: a check would cost a host sync per call
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
     def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
@@ -284,7 +255,8 @@ def make_agent(envs, args: Args) -> nn.Module:
 def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample an action (unclipped: the env clips it); return it with its log-prob (summed over entries) and V(obs)."""
     dist, value = agent(obs)
-    action = dist.rsample()  # loc + scale * noise: the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
+    # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
+    action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     logprob = dist.log_prob(action).flatten(1).sum(-1)
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
@@ -297,25 +269,12 @@ def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, det
     return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    dones: torch.Tensor,
-    gamma: float | torch.Tensor,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout of decisions.
+def compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda):
+    """Generalized advantage estimation over [T, N] decisions; returns (advantages, returns).
 
-    next_values[t] is V of the state reached by decision t in the *same* episode: V(obs[t+1]) while the
-    episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
-    has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
-    advantage recursion at episode ends. `gamma` is the discount of one decision: a float, or [T, N] where a
-    decision ran k env steps (an action chunk: gamma^k, and its reward is the discounted sum of those steps).
-    Masks select with `torch.where`, so a non-finite value past an episode's end never reaches its advantages
-    (NaN * 0 would be NaN). Returns (advantages, returns).
-    """
+    next_values[t] is V(obs[t+1]) while the episode goes on and V(final_obs) where it ended at t: a terminated step
+    does not bootstrap, a truncated one does; `dones` cuts the recursion. `gamma`: a float, or [T, N] (gamma^k for a
+    chunk of k env steps). Masks select with `torch.where`: a NaN past an episode's end would survive NaN * 0."""
     discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     deltas = rewards + discounts * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)
@@ -326,16 +285,8 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def normalize_advantages(mb: TensorDict) -> TensorDict:
-    """The minibatch with its advantages normalized to zero mean and unit std (over the whole minibatch, before
-    any split into micro-batches)."""
-    adv = mb["advantages"]
-    return mb.set("advantages", (adv - adv.mean()) / (adv.std() + 1e-8))
-
-
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
-    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics).
-    The advantages come normalized (`normalize_advantages`) when --norm-adv."""
+    """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics)."""
     dist, newvalue = agent(mb["obs"])
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
@@ -343,6 +294,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
     ratio = logratio.exp()
 
     adv = mb["advantages"]
+    if args.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -351,15 +304,10 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, Te
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
-        stats = TensorDict(
-            policy_loss=pg_loss,
-            value_loss=v_loss,
-            entropy=entropy,
-            old_approx_kl=(-logratio).mean(),
-            approx_kl=((ratio - 1) - logratio).mean(),
-            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
-        ).detach()
-    return loss, stats
+        stats = TensorDict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy, old_approx_kl=(-logratio).mean(),
+                           approx_kl=((ratio - 1) - logratio).mean(),
+                           clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean())  # fmt: skip
+    return loss, stats.detach()
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -367,9 +315,7 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def scale_rewards(
-    rewards: torch.Tensor, dones: torch.Tensor, trace: torch.Tensor, rms: RunningMeanStd, gamma: float, clip: float
-) -> torch.Tensor:
+def scale_rewards(rewards, dones, trace, rms, gamma: float, clip: float) -> torch.Tensor:
     """Divide rewards by the running std of the discounted return (no mean shift); `trace` holds each env's
     discounted return so far and is updated in place (it restarts after episode ends)."""
     traces = torch.empty_like(rewards, dtype=torch.float64)
@@ -468,7 +414,7 @@ def train(
     params = [p for p in agent.parameters() if p.requires_grad]
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    reward_rms = RunningMeanStd().to(device)
+    reward_rms = shared.RunningMeanStd().to(device)
     reward_trace = torch.zeros(args.num_envs, dtype=torch.float64, device=device)
     # The rollout acts through an inference copy that shares the agent's parameters (LeanRL-style):
     # compiled or graph-captured code then never sees the autograd-tracking module.
@@ -598,7 +544,6 @@ def train(
                 epoch_kl = []
                 for start in range(0, batch_size, minibatch_size):
                     mb = batch[perm[start : start + minibatch_size]]
-                    mb = normalize_advantages(mb) if args.norm_adv else mb
                     loss, stats = loss_fn(agent, mb, args)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()

@@ -171,8 +171,8 @@ def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries), V(obs) and the action the env gets."""
     dist, value = agent(obs)
-    # a Gaussian's rsample is loc + scale * noise, the same draw as sample(), which on a GPU checks scale >= 0 (a sync)
-    action = dist.rsample() if dist.has_rsample else dist.sample()
+    # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
+    action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
         action=action,
         logprob=dist.log_prob(action).flatten(1).sum(-1),
@@ -224,25 +224,12 @@ def step_decision(envs, env_action: torch.Tensor, gamma: float) -> tuple:
     return next_obs, reward, discount, steps, terminated, truncated, info
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    dones: torch.Tensor,
-    gamma: float | torch.Tensor,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over a [T, N] rollout of decisions.
+def compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda):
+    """Generalized advantage estimation over [T, N] decisions; returns (advantages, returns).
 
-    next_values[t] is V of the state reached by decision t in the *same* episode: V(obs[t+1]) while the
-    episode goes on, V(final_obs) where it ended at t. Terminated steps do not bootstrap (a true end
-    has no future); truncated ones do, from V(final_obs). `dones` = terminated | truncated cuts the
-    advantage recursion at episode ends. `gamma` is the discount of one decision: a float, or [T, N] where a
-    decision ran k env steps (an action chunk: gamma^k, and its reward is the discounted sum of those steps).
-    Masks select with `torch.where`, so a non-finite value past an episode's end never reaches its advantages
-    (NaN * 0 would be NaN). Returns (advantages, returns).
-    """
+    next_values[t] is V(obs[t+1]) while the episode goes on and V(final_obs) where it ended at t: a terminated step
+    does not bootstrap, a truncated one does; `dones` cuts the recursion. `gamma`: a float, or [T, N] (gamma^k for a
+    chunk of k env steps). Masks select with `torch.where`: a NaN past an episode's end would survive NaN * 0."""
     discounts = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     deltas = rewards + discounts * torch.where(terminated, 0.0, next_values) - values
     advantages = torch.zeros_like(rewards)

@@ -33,7 +33,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("scale_rewards", PPO_CLASSIC),
     # GAE, in both families' PPO
     ("compute_gae", (*PPO_CLASSIC, *PPO_VLA)),
-    ("normalize_advantages", (*PPO_CLASSIC, *PPO_VLA)),
+    ("normalize_advantages", PPO_VLA),
     # the VLA family's plumbing of the policy and its PPO
     ("ACTION_ARGS", VLA),
     ("action_space", VLA),
@@ -90,4 +90,4 @@ def test_the_check_notices_a_drifted_copy(tmp_path, monkeypatch):
         (tmp_path / f"{script}.py").write_text(text)
     monkeypatch.setitem(globals(), "SCRIPTS", tmp_path)
     assert definitions("ppo_continuous")["compute_gae"] != definitions("ppo_ddp")["compute_gae"]
-    assert definitions("ppo_continuous")["normalize_advantages"] == definitions("ppo_ddp")["normalize_advantages"]
+    assert definitions("ppo_continuous")["ppo_loss"] == definitions("ppo_ddp")["ppo_loss"]

@@ -87,8 +87,8 @@ def test_ppo_loss_matches_the_formula_worked_by_hand(module, norm_adv, clip_vlos
         batch_size=[n],
     )
     agent = FixedGaussian()
-    if norm_adv:  # the update normalizes each minibatch's advantages before its loss (and before any micro-batching)
-        mb = module.normalize_advantages(mb)
+    if norm_adv and hasattr(module, "normalize_advantages"):  # the VLA family normalizes before micro-batching
+        mb = module.normalize_advantages(mb)  # (the classic family's ppo_loss does it itself)
     loss, stats = module.ppo_loss(agent, mb, args)
     loss.backward()
 

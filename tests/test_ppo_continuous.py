@@ -332,22 +332,6 @@ def test_resume_refuses_another_env_layout_and_unreadable_files(tmp_path):
     assert "not a readable" in str(e.value.code) and "\n" not in str(e.value.code)
 
 
-def test_running_mean_std_merges_batches_like_one_big_batch():
-    torch.manual_seed(0)
-    rms = ppo.RunningMeanStd((3,))
-    chunks = [torch.randn(n, 3) * torch.tensor([1.0, 5.0, 0.1]) + 3.0 for n in (7, 100, 1, 33)]
-    for chunk in chunks:
-        rms.update(chunk)
-    x = torch.cat(chunks).double()
-    # the normalizer starts from a pseudo-sample of weight 1e-4 with mean 0 and variance 1
-    prior, total = 1e-4, 1e-4 + x.shape[0]
-    mean = x.sum(0) / total
-    var = (prior * (1.0 + 0.0**2) + (x**2).sum(0)) / total - mean**2
-    torch.testing.assert_close(rms.mean, mean, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(rms.var, var, rtol=1e-8, atol=1e-10)
-    assert rms.mean.dtype == torch.float64 and rms.count == pytest.approx(total)
-
-
 def test_non_finite_loss_steps_are_skipped_counted_and_eventually_stop(tmp_path):
     # every third training forward gives a NaN loss: 4 iterations x 2 epochs x 2 minibatches = 16 steps, 5 NaN
     out = ppo.main(tiny_args(tmp_path / "a", policy="toy_policies:nan_loss_every"))

@@ -31,6 +31,8 @@ from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk, support
 from cleanrl_embodied.shared.evaluation import Evaluator, evaluate
 from cleanrl_embodied.shared.language import VOCAB_SIZE
 from cleanrl_embodied.shared.logging import RolloutStats, RunLogger, atomic_save, versions
+from cleanrl_embodied.shared.run_keeper import RunKeeper
+from cleanrl_embodied.shared.running_stats import RunningMeanStd
 from cleanrl_embodied.shared.runtime import (
     NonFiniteWatch,
     SkipGuard,
@@ -61,6 +63,8 @@ __all__ = [
     "Evaluator",
     "NonFiniteWatch",
     "RolloutStats",
+    "RunKeeper",
+    "RunningMeanStd",
     "RunArgs",
     "RunLogger",
     "SkipGuard",

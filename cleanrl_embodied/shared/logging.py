@@ -329,6 +329,12 @@ class RunLogger:
         self.global_step = max(self.global_step, step)
 
     # -- console --------------------------------------------------------------------------------
+    def log_iteration(self, global_step: int, sps: float, scalars: Mapping[str, float | int | torch.Tensor]) -> None:
+        """An iteration's scalars with charts/SPS (one host sync), and the progress bar's line."""
+        self.log({**scalars, "charts/SPS": sps}, global_step)
+        ret, succ = self.latest.get("charts/episodic_return"), self.latest.get("charts/success_rate")
+        self.progress(global_step, SPS=sps, ret=ret, succ=succ)
+
     def progress(self, global_step: int, **fields: Any) -> None:
         """Advance the console bar by one iteration and show ``fields`` plus ``step=`` compactly.
 
