@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -449,10 +448,11 @@ def main(args: Args) -> dict:
     amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
-    iteration, eval_result, checkpoint = start_iteration - 1, None, None
+    iteration = start_iteration - 1
     guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
-    next_eval, next_save = iteration + args.eval_freq, iteration + args.save_freq
-    start_time, start_step = time.time(), global_step
+    keeper = shared.RunKeeper(
+        evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations, iteration, global_step
+    )  # evaluations and checkpoints when due, the end of the run
     # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (with what is known)
     with shared.StopFlag(logger.write) as stop, logger:
         for iteration in range(start_iteration, num_iterations + 1):
@@ -532,12 +532,10 @@ def main(args: Args) -> dict:
                     break
 
             # ---- logging: one host sync per iteration ----
-            sps = (global_step - start_step) / (time.time() - start_time)
             means = torch.stack(update_stats).mean(0).items() if update_stats else ()
             scalars = {("grpo/" if k == "kl_ref" else "losses/") + k: v for k, v in means}
             scalars.update(
                 {
-                    "charts/SPS": sps,
                     "charts/learning_rate": optimizer.param_groups[0]["lr"],
                     "charts/skipped_updates": guard.skipped,
                     "grpo/mask_frac": mask.float().mean(),
@@ -553,40 +551,23 @@ def main(args: Args) -> dict:
                     on_task = start_info["task_id"] == task
                     if bool(on_task.any()):
                         scalars[f"charts/success_rate/{name}"] = (success & on_task).sum() / on_task.sum()
-            logger.log(scalars, global_step)
-            logger.progress(
-                global_step,
-                SPS=sps,
-                ret=logger.latest.get("charts/episodic_return"),
-                succ=logger.latest.get("charts/success_rate"),
-            )
+            logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
-            # frequencies are thresholds on the iteration counter (they survive resumes and odd sizes)
-            if args.eval_freq and iteration >= next_eval and iteration < num_iterations:
-                next_eval = iteration + args.eval_freq
-                eval_result, is_best = evaluator.run(act, global_step)
-                if is_best:
-                    save_checkpoint("best.pt")
-            if args.save_freq and iteration >= next_save:
-                next_save = iteration + args.save_freq
-                checkpoint = save_checkpoint("last.pt")
-                save_checkpoint(f"iter_{iteration:06d}.pt")
+            keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        checkpoint = save_checkpoint("last.pt")
-        if not stop.requested:
-            eval_result, is_best = evaluator.run(act, global_step)
-            if is_best:
-                save_checkpoint("best.pt")
-                checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume must compare against
-        wall = time.time() - start_time
-        logger.finish(global_step, wall, (global_step - start_step) / max(wall, 1e-9), eval_result, checkpoint)
+        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
         envs.close()
         eval_envs.close()
         if stop.requested:
             sys.exit(stop.exit_status)  # 130 after Ctrl-C, 143 after SIGTERM
-    return {"run_dir": str(logger.run_dir), "eval": eval_result, "global_step": global_step, "checkpoint": checkpoint}
+    return {
+        "run_dir": str(logger.run_dir),
+        "eval": eval_result,
+        "global_step": global_step,
+        "checkpoint": keeper.checkpoint,
+    }
 
 
 if __name__ == "__main__":

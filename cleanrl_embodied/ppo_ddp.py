@@ -26,7 +26,6 @@ import dataclasses
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -484,10 +483,11 @@ def train(
     )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     task_names = envs.metadata.get("task_names")  # success is also logged per task
-    iteration, eval_result, checkpoint = start_iteration - 1, None, None
+    iteration, stopped, eval_result = start_iteration - 1, 0, None
     guard = shared.SkipGuard(args.max_consecutive_skips, show=rank == 0)  # non-finite steps: skipped, counted
-    next_eval, next_save, stopped = iteration + args.eval_freq, iteration + args.save_freq, 0
-    start_time, start_step = time.time(), global_step
+    keeper = shared.RunKeeper(  # when to evaluate and save (every rank: they gather states together), the run's end
+        evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations, iteration, global_step
+    )
     # Ctrl-C or SIGTERM on any rank asks all ranks to stop after the current iteration (agreed through the
     # iteration's all-reduce; rank 0 alone writes). Repeats are absorbed: torchrun re-sends the signal to its
     # workers; its grace period (30 s, then SIGKILL) is the hard stop.
@@ -569,47 +569,23 @@ def train(
             summed = torch.cat([torch.stack([*losses.values(), explained_var]), votes])
             dist.all_reduce(summed)
             stopped = stop.agree(summed[-2:])  # the same on every rank: 0, or the exit status (130 / 143)
-            eval_due = args.eval_freq and iteration >= next_eval and iteration < num_iterations
-            save_due = args.save_freq and iteration >= next_save
+            eval_due, save_due = keeper.due(iteration)
             pieces = gather_rank_states() if eval_due or save_due else None
-            if eval_due:
-                next_eval = iteration + args.eval_freq
-            if save_due:
-                next_save = iteration + args.save_freq
             if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
-                sps = (global_step - start_step) / (time.time() - start_time)
                 scalars = {f"losses/{k}": v / world_size for k, v in zip(losses.keys(), summed)}
-                lr, explained_var = optimizer.param_groups[0]["lr"], summed[-3] / world_size
-                scalars.update(
-                    {"losses/explained_variance": explained_var, "charts/SPS": sps, "charts/learning_rate": lr}
-                )
-                scalars.update({"charts/skipped_updates": guard.skipped, **rollout_stats.scalars()})
-                logger.log(scalars, global_step)
-                ret, succ = logger.latest.get("charts/episodic_return"), logger.latest.get("charts/success_rate")
-                logger.progress(global_step, SPS=sps, ret=ret, succ=succ)
-                if eval_due:
-                    eval_result, is_best = evaluator.run(act, global_step)
-                    if is_best:
-                        save_checkpoint("best.pt", pieces)
-                if save_due:
-                    checkpoint = save_checkpoint("last.pt", pieces)
-                    save_checkpoint(f"iter_{iteration:06d}.pt", pieces)
+                scalars.update({"losses/explained_variance": summed[-3] / world_size, **rollout_stats.scalars()})
+                lr = optimizer.param_groups[0]["lr"]
+                scalars.update({"charts/learning_rate": lr, "charts/skipped_updates": guard.skipped})
+                logger.log_iteration(global_step, keeper.sps(global_step), scalars)
+                keeper.evaluate_and_save(iteration, global_step, eval_due, save_due, pieces)
             if stopped:
                 break
 
         pieces = gather_rank_states()
         shared.check_in_sync(agent, rank, "at the end")
         envs.close()
-        if rank == 0:
-            checkpoint = save_checkpoint("last.pt", pieces)
-            if not stopped:
-                eval_result, is_best = evaluator.run(act, global_step)
-                if is_best:
-                    save_checkpoint("best.pt", pieces)
-                    checkpoint = save_checkpoint("last.pt", pieces)  # again, with the best key to compare against
-            wall = time.time() - start_time
-            sps = (global_step - start_step) / max(wall, 1e-9)
-            logger.finish(global_step, wall, sps, eval_result, checkpoint, world_size=world_size)
+        if rank == 0:  # last.pt, the final evaluation, summary.json
+            eval_result = keeper.finish(global_step, bool(stopped), pieces, world_size=world_size)
             eval_envs.close()
         if stopped:
             sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)

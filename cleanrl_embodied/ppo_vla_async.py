@@ -531,10 +531,11 @@ def main(args: Args) -> dict:
                 break
         return update_stats, batch
 
-    eval_result, checkpoint, timeline = None, None, []
+    eval_result, timeline = None, []
     guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
-    next_eval, next_save = consumed + args.eval_freq, consumed + args.save_freq
-    start_time, start_step = time.time(), global_step
+    keeper = shared.RunKeeper(
+        evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations, consumed, global_step
+    )  # evaluations and checkpoints when due (on the learner's iterations), the end of the run
     collector.thread.start()
     try:
         # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (what is known)
@@ -558,8 +559,7 @@ def main(args: Args) -> dict:
                                  "learner_version": used_version, "dropped": stale, **times})  # fmt: skip
 
                 # ---- logging: one host sync per iteration ----
-                sps = (global_step - start_step) / (time.time() - start_time)
-                scalars = {"charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"],
                            "charts/skipped_updates": guard.skipped, "charts/policy_staleness": staleness,
                            "charts/dropped_rollouts": dropped, "charts/learner_wait_s": wait_s,
                            **item["stats"].scalars()}  # fmt: skip
@@ -568,41 +568,18 @@ def main(args: Args) -> dict:
                 if batch is not None:  # the rollout was learned from
                     variance = (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)
                     scalars["losses/explained_variance"] = 1 - variance
-                logger.log(scalars, global_step)
-                logger.progress(
-                    global_step,
-                    SPS=sps,
-                    ret=logger.latest.get("charts/episodic_return"),
-                    succ=logger.latest.get("charts/success_rate"),
-                )
+                logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
-                # evaluation and checkpoints see a paused collector (thresholds on the iteration counter)
-                do_eval = args.eval_freq and consumed >= next_eval and consumed < num_iterations
-                do_save = args.save_freq and consumed >= next_save
+                # evaluation and checkpoints see a paused collector
+                do_eval, do_save = keeper.due(consumed)
                 if do_eval or do_save:
                     collector.pause()
-                    if do_eval:
-                        next_eval = consumed + args.eval_freq
-                        eval_result, is_best = evaluator.run(act, global_step)
-                        if is_best:
-                            save_checkpoint("best.pt")
-                    if do_save:
-                        next_save = consumed + args.save_freq
-                        checkpoint = save_checkpoint("last.pt")
-                        save_checkpoint(f"iter_{consumed:06d}.pt")
+                    keeper.evaluate_and_save(consumed, global_step, do_eval, do_save)
                     collector.resume()
                 if stop.requested:
                     break
             collector.pause()  # at a rollout boundary: last.pt can hold the collector's state
-            checkpoint = save_checkpoint("last.pt")
-            if not stop.requested:
-                eval_result, is_best = evaluator.run(act, global_step)
-                if is_best:
-                    save_checkpoint("best.pt")
-                    checkpoint = save_checkpoint("last.pt")  # again, with the best key a resume compares against
-            wall = time.time() - start_time
-            sps = (global_step - start_step) / max(wall, 1e-9)
-            logger.finish(global_step, wall, sps, eval_result, checkpoint, dropped_rollouts=dropped)
+            eval_result = keeper.finish(global_step, stop.requested, dropped_rollouts=dropped)  # last.pt, summary.json
     finally:  # after an error on either side too: stop both (last.pt stays the last consistent one)
         collector.stop()
         envs.close()

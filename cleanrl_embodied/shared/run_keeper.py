@@ -26,7 +26,7 @@ class RunKeeper:
 
     def __init__(
         self,
-        evaluator: Evaluator,
+        evaluator: Evaluator | None,  # None on the ranks that do not evaluate (they only ask `due`)
         act: Act,
         save: Callable[..., str],
         eval_freq: int,
