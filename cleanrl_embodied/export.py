@@ -419,13 +419,40 @@ def export_pretrained(args: Args, agent: nn.Module, who: str, description: dict)
     )
 
 
+def write_traced(args: Args, actor: DeterministicActor, obs, description: dict, who: str) -> None:
+    """Trace the actor into actor.pt (and actor.onnx), export.json embedded, then check both on the recorded
+    observations `obs` (`description["check"]`). A failure removes what was written: no file is left behind that
+    the check did not pass."""
+    out, first = Path(args.out), obs[: args.num_check_envs]  # traced on the reset's batch, checked on all of `obs`
+    example = entries(first, actor.keys)
+    traced = trace(actor, example, who)
+    meta = json.dumps(description, indent=2)
+    try:
+        with quiet():
+            torch.jit.save(traced, str(out / "actor.pt"), _extra_files={"export.json": meta})
+        if args.onnx:
+            write_onnx(actor, example, out / "actor.onnx", who, meta)
+        if args.check:
+            with torch.no_grad():
+                reference = actor.act(obs).float()  # the trainer's own action, on the whole observation
+                if args.clip:
+                    reference = torch.minimum(torch.maximum(reference, actor.low), actor.high)
+            description["check"] = check_files(out, actor.keys, obs, reference, args.onnx, who)
+    except BaseException:
+        for name in ("actor.pt", "actor.onnx"):
+            (out / name).unlink(missing_ok=True)
+        raise
+
+
 def main(args: Args) -> dict:
     validate(args)
     ckpt = shared.load_checkpoint(args.checkpoint, "checkpoint", SCRIPTS, same={})
     script = ckpt["script"]
     module = importlib.import_module(f"cleanrl_embodied.{script}")
     targs = trainer_args(module, ckpt)
-    torch.manual_seed(targs.seed)  # a policy factory that draws anything (a frozen part) draws what the run drew
+    # seeded as the trainer seeds before building its policy (a factory that draws frozen weights at random could
+    # still draw others here: load_model_state then refuses the checkpoint in one line)
+    torch.manual_seed(targs.seed)
     options = shared.EnvOptions(targs.env_id, targs.env_kwargs, targs.eval_env_kwargs, "sync")
     envs = shared.build_env(options, args.num_check_envs, args.seed, torch.device("cpu"), eval_envs=True)
     shared.check_env_sizes(envs, (ckpt, "checkpoint"))
@@ -433,40 +460,23 @@ def main(args: Args) -> dict:
     shared.load_model_state(agent, ckpt, "checkpoint", args.checkpoint)
     agent.eval()
     who = policy_name(targs)
-    space = module.action_space(envs, targs) if script in VLA else envs.single_action_space
-    pretrained = args.format == "pretrained" or (
-        args.format == "auto" and callable(getattr(agent, "save_pretrained", None))
-    )
+    space = module.action_space(envs, targs) if script in VLA else envs.single_action_space  # (a chunk: [K, D])
+    has_own = callable(getattr(agent, "save_pretrained", None))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("actor.pt", "actor.onnx", "export.json"):  # nothing of an earlier export survives to mislead
         (out / name).unlink(missing_ok=True)
-    all_keys = entry_keys(envs.single_observation_space)
-    if pretrained:
+    if args.format == "pretrained" or (args.format == "auto" and has_own):
         description = describe(args, ckpt, targs, script, envs, space, None)
         export_pretrained(args, agent, who, description)
     else:
         obs = record_observations(envs, args.seed)
-        first = obs[: args.num_check_envs]  # traced on the reset's batch, checked on all four (other rows, sizes)
+        all_keys = entry_keys(envs.single_observation_space)
         actor = DeterministicActor(agent, deterministic_action(module, script, agent), all_keys, space, args.clip)
-        privileged = privileged_entries(agent)
-        keys = choose_inputs(args, actor, first, all_keys, privileged, who)
-        actor.keys = keys
-        example = entries(first, keys)
-        traced = trace(actor, example, who)
-        description = describe(args, ckpt, targs, script, envs, space, keys)
+        actor.keys = choose_inputs(args, actor, obs[: args.num_check_envs], all_keys, privileged_entries(agent), who)
+        description = describe(args, ckpt, targs, script, envs, space, actor.keys)
         description["files"] = {"torchscript": "actor.pt", "onnx": "actor.onnx" if args.onnx else None}
-        meta = json.dumps(description, indent=2)
-        with quiet():
-            torch.jit.save(traced, str(out / "actor.pt"), _extra_files={"export.json": meta})
-        if args.onnx:
-            write_onnx(actor, example, out / "actor.onnx", who, meta)
-        if args.check:
-            with torch.no_grad():
-                reference = actor.act(obs).float()  # the trainer's own action on the whole observation
-                if args.clip:
-                    reference = torch.minimum(torch.maximum(reference, actor.low), actor.high)
-            description["check"] = check_files(out, keys, obs, reference, args.onnx, who)
+        write_traced(args, actor, obs, description, who)
     envs.close()
     (out / "export.json").write_text(json.dumps(description, indent=2) + "\n")
     names = ", ".join(sorted(p.name for p in out.iterdir()))
