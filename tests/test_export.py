@@ -236,8 +236,8 @@ def test_a_vla_trainers_bins_and_chunks_are_decoded_in_the_exported_actor(tmp_pa
     for each of the chunk's K actions, [B, K, D], as the VLA trainers' deterministic evaluation."""
     pytest.importorskip("peft")  # ToyVLA's bins come from examples.hf_vla (the vla extra)
     checkpoint = train(
-        ppo_vla, tmp_path, env_id="PushCubeRL", policy="toy_policies:ToyVLA", action_head="bins", action_bins=5, action_chunk=2,
-        num_envs=4, num_steps=4, num_minibatches=1, total_timesteps=32,
+        ppo_vla, tmp_path, env_id="PushCubeRL", policy="toy_policies:ToyVLA", action_head="bins", action_bins=5,
+        action_chunk=2, num_envs=4, num_steps=4, num_minibatches=1, total_timesteps=32,
     )  # fmt: skip
     onnx = has_onnx_export()
     description = run_export(checkpoint, tmp_path / "out", onnx=onnx)
@@ -363,3 +363,44 @@ def test_observations_tensordict_input_order_is_sorted_key_order():
     obs = TensorDict({"a": torch.zeros(2, 1), "b": {"c": torch.ones(2, 3)}}, batch_size=[2])
     again = export.assemble([("a",), ("b", "c")], (obs["a"], obs["b", "c"]))
     assert (again == obs).all()
+
+
+# ---- the docs' control loop ---------------------------------------------------------------------------------------
+def docs_control_loop() -> str:
+    """The Python block of docs/export.md that defines `control_loop`."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
+    blocks = [b for b in text.split("```python\n")[1:] if "def control_loop" in b.split("```")[0]]
+    assert len(blocks) == 1
+    return blocks[0].split("```")[0]
+
+
+class SimulatedRobot:
+    """A PushCubeRL env with pixels as the robot of docs/export.md's loop: its camera and state, and `send`."""
+
+    def __init__(self):
+        self.env = shared.make_env("PushCubeRL", num_envs=1, seed=7, **json.loads(PIXELS))
+        self.obs, _ = self.env.reset(seed=7)
+        self.seen, self.sent = [], []
+
+    def camera_image(self):
+        return self.obs["rgb"][0].numpy()
+
+    def state_vector(self):
+        return self.obs["state"][0].numpy()
+
+    def send(self, action):
+        self.seen.append(self.obs)
+        self.sent.append(torch.as_tensor(action))
+        self.obs, *_ = self.env.step(torch.as_tensor(action)[None])
+
+
+def test_the_docs_control_loop_sends_the_trainers_actions(checkpoints, tmp_path):
+    run_export(checkpoints["pixels"], tmp_path, onnx=False)
+    namespace: dict = {}
+    exec(compile(docs_control_loop(), "docs/export.md", "exec"), namespace)
+    namespace["CONTROL_HZ"] = 1e6  # the test does not wait for a real control period
+    robot = SimulatedRobot()
+    namespace["control_loop"](robot, str(tmp_path / "actor.pt"), steps=5)
+    assert len(robot.sent) == 5
+    reference = trainer_actions(checkpoints["pixels"], torch.cat(robot.seen))
+    assert torch.allclose(torch.stack(robot.sent), reference, rtol=0, atol=1e-6)
