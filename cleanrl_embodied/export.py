@@ -91,11 +91,6 @@ def validate(args: Args) -> None:
         shared.fail(f"--num-check-envs must be >= 2, got {args.num_check_envs}")
     if args.inputs is not None and len(set(args.inputs)) != len(args.inputs):
         shared.fail(f"--inputs names an entry twice: {' '.join(args.inputs)}")
-    if args.format != "pretrained" and args.onnx:
-        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-        if missing:
-            shared.fail(f"--onnx needs {' and '.join(missing)} (the `export` extra: uv sync --extra export); "
-                        "--no-onnx writes actor.pt alone")  # fmt: skip
 
 
 # ---- the checkpoint's policy, rebuilt by its own trainer ----------------------------------------------------------
@@ -419,6 +414,14 @@ def export_pretrained(args: Args, agent: nn.Module, who: str, description: dict)
     )
 
 
+def check_onnx_installed() -> None:
+    """One line where the packages that write actor.onnx are missing."""
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        shared.fail(f"--onnx needs {' and '.join(missing)} (the `export` extra: uv sync --extra export); "
+                    "--no-onnx writes actor.pt alone")  # fmt: skip
+
+
 def write_traced(args: Args, actor: DeterministicActor, obs, description: dict, who: str) -> None:
     """Trace the actor into actor.pt (and actor.onnx), export.json embedded, then check both on the recorded
     observations `obs` (`description["check"]`). A failure removes what was written: no file is left behind that
@@ -461,12 +464,16 @@ def main(args: Args) -> dict:
     agent.eval()
     who = policy_name(targs)
     space = module.action_space(envs, targs) if script in VLA else envs.single_action_space  # (a chunk: [K, D])
-    has_own = callable(getattr(agent, "save_pretrained", None))
+    pretrained = args.format == "pretrained" or (
+        args.format == "auto" and callable(getattr(agent, "save_pretrained", None))
+    )
+    if not pretrained and args.onnx:
+        check_onnx_installed()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("actor.pt", "actor.onnx", "export.json"):  # nothing of an earlier export survives to mislead
         (out / name).unlink(missing_ok=True)
-    if args.format == "pretrained" or (args.format == "auto" and has_own):
+    if pretrained:
         description = describe(args, ckpt, targs, script, envs, space, None)
         export_pretrained(args, agent, who, description)
     else:

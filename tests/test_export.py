@@ -404,3 +404,20 @@ def test_the_docs_control_loop_sends_the_trainers_actions(checkpoints, tmp_path)
     assert len(robot.sent) == 5
     reference = trainer_actions(checkpoints["pixels"], torch.cat(robot.seen))
     assert torch.allclose(torch.stack(robot.sent), reference, rtol=0, atol=1e-6)
+
+
+def test_onnx_without_the_export_extra_is_one_line_and_no_onnx_writes_actor_pt_alone(
+    checkpoints, tmp_path, monkeypatch
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit) as e:
+        run_export(checkpoints["state"], tmp_path)
+    assert "onnxscript" in one_line_exit(e) and "--no-onnx" in one_line_exit(e)
+    description = run_export(checkpoints["state"], tmp_path, onnx=False)
+    assert description["files"] == {"torchscript": "actor.pt", "onnx": None}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["actor.pt", "export.json"]
