@@ -142,6 +142,10 @@ def get_entry(obs: torch.Tensor | TensorDict, key: tuple[str, ...]) -> torch.Ten
     return obs if key == () else obs.get(key)
 
 
+def entries(obs: torch.Tensor | TensorDict, keys: list[tuple[str, ...]]) -> tuple[torch.Tensor, ...]:
+    return tuple(get_entry(obs, k) for k in keys)
+
+
 def leaf_space(space: gym.Space, key: tuple[str, ...]) -> gym.spaces.Box:
     for name in key:
         space = space.spaces[name]
@@ -257,10 +261,6 @@ def choose_inputs(
     return asked
 
 
-def entries(obs: torch.Tensor | TensorDict, keys: list[tuple[str, ...]]) -> tuple[torch.Tensor, ...]:
-    return tuple(get_entry(obs, k) for k in keys)
-
-
 # ---- observations to check the files on --------------------------------------------------------------------------
 def record_observations(envs, seed: int, steps: int = 4) -> torch.Tensor | TensorDict:
     """`steps` batches of observations: the reset's, then after random actions (uniform within finite bounds,
@@ -290,7 +290,7 @@ def describe_input(key: tuple[str, ...], space: gym.spaces.Box, flat_layout: dic
         info["what"] = ("instruction tokens: UTF-8 byte b as id b + 1, 0 pads" if key[-1] == "input_ids"
                         else "instruction mask: 1 on the instruction's tokens, 0 on the padding")  # fmt: skip
     else:
-        info["what"] = "float entries, raw as the env gives them (normalization is inside the actor)"
+        info["what"] = "float entries, raw as the env gives them (a --norm-obs normalizer is inside the actor)"
     if flat_layout is not None:  # a Dict observation the env flattened: where each entry sits in the vector
         offset, parts = 0, []
         for path, shape, leaf_dtype in flat_layout["leaves"]:
