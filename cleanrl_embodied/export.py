@@ -382,7 +382,7 @@ def check_files(out: Path, keys, obs, reference: torch.Tensor, onnx: bool, who: 
                         f"evaluation actions by up to {diff:.3g} on recorded observations; {why}")  # fmt: skip
         return diff
 
-    result = {"observations": int(reference.shape[0]), "onnx_max_abs_diff": None}
+    result = {"observations": int(reference.shape[0]), "torchscript_max_abs_diff": None, "onnx_max_abs_diff": None}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
         traced = torch.jit.load(str(out / "actor.pt"))
