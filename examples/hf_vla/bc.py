@@ -134,7 +134,7 @@ def demo_statistics(args: Args, obs: TensorDict, targets: torch.Tensor, episodes
     """The demonstrations' statistics: of every recorded step's own expert action (a chunk's first entry) and of
     its state."""
     states = obs["state"] if "state" in obs.keys() else None
-    source = f"examples/hf_vla/bc.py: scripted-expert demonstrations (--seed {args.seed}, --demo-noise {args.demo_noise})"
+    source = f"examples/hf_vla/bc.py: expert demonstrations (--seed {args.seed}, --demo-noise {args.demo_noise})"
     return DatasetStatistics.of_samples(
         args.env_id, targets[:, 0], states, args.action_normalization, args.state_normalization,
         num_transitions=len(targets), demo_episodes=episodes, source=source,
