@@ -172,6 +172,8 @@ def test_a_map_onto_padding_rows_or_special_tokens_is_refused(paligemma_dir):
         ActionTokenMap("x", tuple(range(16)), tuple(values), tuple(edges)).check(tokenizer, PALIGEMMA_ROWS)
     with pytest.raises(ValueError, match="special tokens"):  # so many bins that they reach <bos> (id 2)
         build_action_token_map("paligemma", tokenizer, PALIGEMMA_ROWS, 255_998)
+    with pytest.raises(ValueError, match="<seg127>"):  # OpenVLA's count from vocab_size (257,152 here) down
+        build_action_token_map("openvla", tokenizer, PALIGEMMA_ROWS, 16)
 
 
 def AutoTokenizerFrom(path):  # noqa: N802 - reads as the class it stands for

@@ -122,6 +122,11 @@ class ActionTokenMap:
         if hit:
             names = tokenizer.convert_ids_to_tokens(hit[:3])
             raise ValueError(f"{what}: the bins would read special tokens {names} (ids {hit[:3]})")
+        if self.convention in ("paligemma", "openvla"):  # text-vocabulary conventions: never PaliGemma's <loc>/<seg>
+            names = tokenizer.convert_ids_to_tokens(list(ids))
+            located = [name for name in names if re.fullmatch(r"<(loc|seg)\d+>", name or "")]
+            if located:
+                raise ValueError(f"{what}: the bins would read PaliGemma's {located[0]} ... ({len(located)} of them)")
         if len(self.values) != n or len(self.edges) != n - 1:
             raise ValueError(f"{what}: {len(self.values)} values and {len(self.edges)} edges for {n} bins")
         if any(b < a for a, b in zip(self.edges, self.edges[1:])) or any(abs(v) > 1 for v in self.values):
