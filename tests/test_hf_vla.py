@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 try:
     import peft  # noqa: F401
@@ -360,19 +361,172 @@ def test_start_logstd_sets_the_exploration_noise_of_policy_and_reference_alike(t
 
 def test_loads_a_plain_transformers_checkpoint_with_new_heads(tmp_path):
     """A local PaliGemma checkpoint (config, weights, tokenizer; no vla_config.json), here at 48x48 while the env
-    gives 32x32 images (resized): the action tokens are the last N ids of its vocabulary."""
+    gives 32x32 images (resized): its action tokens follow the family's convention unless action_tokens names
+    another (this tokenizer is this module's, whose bins are its <bin_k> tokens, not PaliGemma's vocabulary), and
+    without dataset statistics it is refused unless action_stats asks for the env's bounds."""
     tokenizer = build_tokenizer(default_corpus("{instruction}"), num_bins=16)
     special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
     model = PaliGemmaForConditionalGeneration(tiny_paligemma(len(tokenizer), (48, 48), special, hidden_size=32))
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     env = lang_env()
-    policy = build(env, "bins", bins=16, model_path=str(tmp_path), prompt_format="In: {instruction}\nOut:")
+    kw = {"model_path": str(tmp_path), "prompt_format": "In: {instruction}\nOut:"}
+    with pytest.raises(SystemExit) as e:
+        build(env, "bins", bins=16, action_stats="env_bounds", **kw)
+    assert "<loc0000>" in one_line_exit(e) and "action_tokens" in one_line_exit(e)
+    with pytest.raises(SystemExit) as e:
+        build(env, "bins", bins=16, action_tokens="bin_tokens", **kw)
+    assert "dataset_statistics.json" in one_line_exit(e) and '"action_stats": "env_bounds"' in one_line_exit(e)
+    policy = build(env, "bins", bins=16, action_tokens="bin_tokens", action_stats="env_bounds", **kw)
     assert policy.vision_size == (48, 48) and policy.config.prompt_format == "In: {instruction}\nOut:"
+    assert policy.config.prompt_suffix == "\n" and policy.config.image_resample == "bicubic"  # PaliGemma's processor
+    bin_ids = tokenizer.convert_tokens_to_ids([f"<bin_{k}>" for k in range(16)])
+    assert list(policy.token_map.ids) == bin_ids == list(range(len(tokenizer) - 16, len(tokenizer)))
     state = model.state_dict()
     assert torch.equal(policy.backbone.get_output_embeddings().weight, state["lm_head.weight"])
     dist, value = policy(first_obs(env))
     assert dist.logits.shape == (6, 3, 16) and value.shape == (6,)
+
+
+def test_images_are_resized_bicubically_as_paligemmas_processor_does():
+    """A real checkpoint's vision tower wants another size (224): the 8-bit image is resized with antialiased bicubic
+    interpolation and rounded back to 8 bits, as transformers' SigLIP processor does (its torchvision backend). PIL's
+    bicubic resize of the same image agrees to one 8-bit level (on images without the sharp edges where PIL, which
+    rounds to 8 bits between its two passes, clips the overshoot), bilinear interpolation does not."""
+    from PIL import Image
+
+    policy = build(lang_env(num_envs=2), "gaussian")
+    policy.vision_size = (224, 224)  # as if its vision tower were 224x224 (the env gives 32x32)
+    coarse = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(0)) * 255
+    rgb = F.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False).round().to(torch.uint8)
+    mine = policy.pixels(rgb, torch.float32)
+    assert mine.shape == (2, 3, 224, 224)
+    levels = (mine * 0.5 + 0.5) * 255  # back to 8-bit levels: whole numbers
+    assert torch.allclose(levels, levels.round(), atol=1e-3)
+    pil = [np.array(Image.fromarray(img.permute(1, 2, 0).numpy()).resize((224, 224), Image.BICUBIC)) for img in rgb]
+    theirs = torch.stack([torch.from_numpy(img).permute(2, 0, 1) for img in pil]).float()
+    assert (levels - theirs).abs().max() <= 1 + 1e-3
+    policy.config.image_resample = "bilinear"
+    assert ((policy.pixels(rgb, torch.float32) * 0.5 + 0.5) * 255 - theirs).abs().max() > 2
+
+
+def test_prompts_end_with_the_familys_newline_and_an_older_vla_keeps_its_own(tmp_path):
+    """PaliGemma's processor ends the prefix with a newline: so do the policy's prompts. A VLA saved before the
+    suffix and the action-token map were written loads as it was saved: no suffix, its <bin_k> tokens."""
+    env = lang_env(num_envs=2)
+    policy = build(env, "bins", bins=16)
+    ids, _ = policy.prompts.texts(["push the cube back"])
+    newline = policy.tokenizer("\n")["input_ids"][-1]
+    assert ids[0, -1] == newline and ids[0, -2] != newline
+    assert policy.tokenizer.decode(ids[0], skip_special_tokens=True) == "push the cube back\n"
+    policy.save_pretrained(tmp_path / "vla")
+    config = json.loads((tmp_path / "vla" / "vla_config.json").read_text())
+    assert config["prompt_suffix"] == "\n" and config["action_tokens"]["convention"] == "bin_tokens"
+    for key in ("prompt_suffix", "action_tokens", "image_resample", "image_mean", "image_std"):
+        del config[key]
+    (tmp_path / "vla" / "vla_config.json").write_text(json.dumps(config))
+    older = build(env, "bins", bins=16, model_path=str(tmp_path / "vla"))
+    assert older.config.prompt_suffix == "" and older.token_map.ids == policy.token_map.ids
+    ids, _ = older.prompts.texts(["push the cube back"])
+    assert ids[0, -1] != newline
+
+
+def test_statistics_decode_actions_normalise_the_state_and_travel_with_the_model(tmp_path):
+    """Dataset statistics: a bin decodes to offset + scale * its value (q01/q99: the centre and half-width of
+    [q01, q99]; masked-out dimensions stay normalised), the state token reads (state - mean) / std, and
+    save_pretrained writes them to dataset_statistics.json, which loading reads; a directory without that file is
+    refused in one line unless action_stats asks for the env's bounds."""
+    from examples.hf_vla.statistics import DatasetStatistics, Normalizer
+
+    env = lang_env(num_envs=2, obs_mode="state+rgb")
+    policy = build(env, "bins", bins=8)
+    obs = first_obs(env)
+    before, _ = outputs(policy, obs)
+    dim = obs["state"].shape[-1]
+    mean, std = torch.linspace(-0.5, 0.5, dim), torch.linspace(0.5, 2.0, dim)
+    action = Normalizer("bounds_q99", {"q01": [-0.5, 0.0, -9.0], "q99": [0.5, 0.4, 9.0]}, [True, True, False])
+    state = Normalizer("normal", {"mean": mean.tolist(), "std": std.tolist()}, [True] * dim)
+    policy.set_statistics(DatasetStatistics("demos", action, state, extra={"num_transitions": 3}))
+    values = torch.linspace(-1 + 1 / 8, 1 - 1 / 8, 8)
+    every_bin = policy.env_action(torch.arange(8.0).view(8, 1).expand(8, 3))
+    torch.testing.assert_close(every_bin, torch.stack([0.5 * values, 0.2 + 0.2 * values, values], -1))
+    assert torch.equal(policy.action_bins(every_bin), torch.arange(8.0).view(8, 1).expand(8, 3))
+    torch.testing.assert_close(policy.normalize_state(obs["state"]), (obs["state"] - mean) / std)
+    after, _ = outputs(policy, obs)
+    assert not torch.allclose(before, after, atol=1e-4)  # the state token reads the normalised state
+    policy.save_pretrained(tmp_path / "vla")
+    saved = json.loads((tmp_path / "vla" / "dataset_statistics.json").read_text())
+    assert set(saved) == {"demos"} and saved["demos"]["action"]["normalization"] == "bounds_q99"
+    assert saved["demos"]["proprio"]["normalization"] == "normal" and saved["demos"]["num_transitions"] == 3
+    loaded = build(env, "bins", bins=8, model_path=str(tmp_path / "vla"))
+    torch.testing.assert_close(loaded.env_action(torch.arange(8.0).view(8, 1).expand(8, 3)), every_bin)
+    torch.testing.assert_close(outputs(loaded, obs)[0], after, atol=1e-5, rtol=0)
+    (tmp_path / "vla" / "dataset_statistics.json").unlink()
+    with pytest.raises(SystemExit) as e:
+        build(env, "bins", bins=8, model_path=str(tmp_path / "vla"))
+    assert "dataset_statistics.json" in one_line_exit(e) and "env_bounds" in one_line_exit(e)
+    bounds = build(env, "bins", bins=8, model_path=str(tmp_path / "vla"), action_stats="env_bounds")
+    torch.testing.assert_close(bounds.env_action(torch.arange(8.0).view(8, 1).expand(8, 3))[:, 0], values)
+
+
+def test_an_openvla_statistics_file_picks_its_entry_by_unnorm_key_and_post_processes_the_gripper(tmp_path):
+    """OpenVLA's dataset_statistics.json layout (one entry per dataset): several entries need unnorm_key; the
+    gripper dimension, left out of the normalisation (mask false), maps [0, 1] to [-1, 1], is binarised and
+    inverted (OpenVLA's LIBERO evaluation)."""
+    entry = {"q01": [-1.0, -2.0, 0.0], "q99": [1.0, 2.0, 1.0], "mean": [0.0] * 3, "std": [1.0] * 3,
+             "min": [-1.0, -2.0, 0.0], "max": [1.0, 2.0, 1.0], "mask": [True, True, False]}  # fmt: skip
+    gripper = {"dims": [2], "from_unit": True, "binarize": True, "invert": True}
+    file = tmp_path / "stats.json"
+    file.write_text(json.dumps({"bridge": {"action": entry}, "libero": {"action": {**entry, "gripper": gripper}}}))
+    env = lang_env(num_envs=2)
+    with pytest.raises(SystemExit) as e:
+        build(env, "bins", bins=8, action_stats=str(file))
+    assert "unnorm_key" in one_line_exit(e) and "libero" in one_line_exit(e)
+    policy = build(env, "bins", bins=8, action_stats=str(file), unnorm_key="libero")
+    action = policy.env_action(torch.tensor([[0.0, 7.0, 0.0], [7.0, 0.0, 7.0]]))
+    values = torch.linspace(-1 + 1 / 8, 1 - 1 / 8, 8)
+    # bin 0 -> gripper value -7/8 (not normalised) -> 2g - 1 < 0 -> sign -1 -> inverted: +1; bin 7 -> -1
+    torch.testing.assert_close(
+        action, torch.tensor([[values[0], 2 * values[7], 1.0], [values[7], 2 * values[0], -1.0]])
+    )
+    with pytest.raises(SystemExit) as e:
+        build(lang_env(num_envs=2, action_mode="joint_delta"), "bins", bins=8, action_stats=str(file),
+              unnorm_key="libero")  # fmt: skip
+    assert "size" in one_line_exit(e)
+
+
+def test_a_bfloat16_checkpoint_loads_as_bfloat16_and_its_bins_logits_are_float32(tmp_path):
+    """A directory keeps its dtype on loading (unless dtype names another), and the bins' logits come from a
+    float32 product of the slots and the action tokens' rows, not a bfloat16 one cast afterwards."""
+    env = lang_env(num_envs=2)
+    build(env, "bins", dtype="bfloat16").save_pretrained(tmp_path / "vla")
+    loaded = build(env, "bins", model_path=str(tmp_path / "vla"))
+    assert loaded.backbone.get_input_embeddings().weight.dtype == torch.bfloat16
+    as_float = build(env, "bins", model_path=str(tmp_path / "vla"), dtype="float32")
+    assert as_float.backbone.get_input_embeddings().weight.dtype == torch.float32
+    obs = first_obs(env)
+    for autocast in (False, True):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            slots, _ = loaded.features(obs, loaded.action_head)
+            dist = loaded._dist(slots, loaded.action_head)
+        assert slots.dtype == torch.bfloat16 and dist.logits.dtype == torch.float32
+        rows = loaded.backbone.get_output_embeddings().weight[list(loaded.token_map.ids)]
+        exact = torch.log_softmax(F.linear(slots.float(), rows.float()), -1).view_as(dist.logits)
+        rounded = torch.log_softmax(F.linear(slots, rows).float(), -1).view_as(dist.logits)
+        assert torch.equal(dist.logits, exact) and not torch.equal(dist.logits, rounded)
+
+
+def test_a_directory_of_another_family_is_refused_naming_what_it_is(tmp_path):
+    env = lang_env(num_envs=2)
+    for name, config, said in (
+        ("lerobot", {"type": "smolvla", "n_obs_steps": 1}, "a LeRobot policy of type 'smolvla'"),
+        ("llava", {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"]}, "model_type 'llava'"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        with pytest.raises(SystemExit) as e:
+            build(env, model_path=str(tmp_path / name))
+        assert said in one_line_exit(e) and "paligemma (PaliGemmaForConditionalGeneration)" in one_line_exit(e)
 
 
 def test_bad_policy_kwargs_and_mismatched_checkpoints_are_refused_with_one_line(tmp_path):
@@ -456,6 +610,32 @@ def test_bc_script_records_demos_trains_saves_and_reports(tmp_path):
     env = lang_env(num_envs=4, chunk=2)
     policy = build(env, "bins", bins=8, model_path=str(out), lora_rank=4)
     assert policy.config.action_chunk == 2 and policy.config.action_bins == 8
+    stats = json.loads((out / "dataset_statistics.json").read_text())["PushCubeLangRL"]  # the demos' statistics
+    assert stats["num_transitions"] == saved["samples"] and stats["action"]["normalization"] == "bounds_q99"
+    assert all(a <= b for a, b in zip(stats["action"]["q01"], stats["action"]["q99"]))
+    assert policy.statistics.action.stats["q99"] == stats["action"]["q99"]  # what the loaded policy decodes with
+
+
+def test_bc_statistics_are_the_demonstrations_and_their_bins_invert_the_decoding():
+    """bc.py's statistics: quantiles, mean and std of the expert's actions and of the state; the bins head's
+    targets are the bins whose decoded values are nearest to the (normalised, clipped) expert action."""
+    env = make_env("PushCubeLangRL", num_envs=3, seed=0, **{**ENV_KWARGS, "obs_mode": "state+rgb"})
+    obs, targets, _ = bc.collect_demos(env, num_episodes=3, seed=0, chunk=1)
+    args = bc.Args(env_kwargs=json.dumps({**ENV_KWARGS, "obs_mode": "state+rgb"}))
+    stats = bc.demo_statistics(args, obs, targets, 3)
+    actions = targets[:, 0].double()
+    q = torch.quantile(actions, torch.tensor([0.01, 0.99], dtype=torch.float64), dim=0)
+    assert stats.action.stats["q01"] == q[0].tolist() and stats.action.stats["q99"] == q[1].tolist()
+    assert stats.state.normalization == "normal" and stats.state.stats["mean"] == obs["state"].double().mean(0).tolist()
+    policy = build(make_env("PushCubeLangRL", num_envs=1, seed=0, **{**ENV_KWARGS, "obs_mode": "state+rgb"}), bins=16)
+    policy.set_statistics(stats)
+    index = policy.action_bins(targets[:, 0])
+    decoded = policy.env_action(index)
+    every = policy.env_action(torch.arange(16.0).view(16, 1).expand(16, 3))  # each bin's value, per dimension
+    low, high = every[0], every[-1]
+    nearest = (targets[:, 0].clamp(low - (every[1] - every[0]) / 2, high + (every[1] - every[0]) / 2)[:, None]
+               - every[None]).abs().argmin(1)  # fmt: skip
+    assert torch.equal(index.long(), nearest) and decoded.shape == targets[:, 0].shape
 
 
 def test_demo_noise_executes_noisy_actions_and_labels_the_clean_expert():

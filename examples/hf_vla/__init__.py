@@ -10,6 +10,8 @@ Gaussian action heads (with action chunks) and a value head: the default ``--pol
 
 ``make_policy`` builds a tiny PaliGemma with random weights (no download) or loads one from a local directory
 (``model_path``: a VLA written by ``HFVLAPolicy.save_pretrained``, or a transformers PaliGemma checkpoint).
+``action_tokens.py`` says which vocabulary ids the bins are, per model family; ``statistics.py`` holds the dataset
+statistics actions are decoded and the state normalised with (``dataset_statistics.json`` beside the model).
 docs/VLA.md describes the model, the tokenizer, the heads, LoRA, memory and checkpoints.
 """
 
@@ -19,14 +21,19 @@ try:
 except ImportError as e:  # the trainers' --policy loader prints this as one line
     raise ImportError(f"examples.hf_vla needs the vla extra (uv sync --extra vla): {e}") from None
 
+from examples.hf_vla.action_tokens import ActionTokenMap, build_action_token_map
 from examples.hf_vla.policy import Bins, HFVLAPolicy, VLAConfig, load_backbone, make_policy, tiny_paligemma
+from examples.hf_vla.statistics import DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
 __all__ = [
+    "ActionTokenMap",
     "Bins",
+    "DatasetStatistics",
     "HFVLAPolicy",
     "PromptCache",
     "VLAConfig",
+    "build_action_token_map",
     "build_tokenizer",
     "default_corpus",
     "load_backbone",

@@ -11,14 +11,18 @@ docs/VLA.md has the success this gives against --steps (and minutes on a 2-core 
    privileged state, >= 0.99 success) until ``--demo-episodes`` episodes have ended; every step gives a sample
    (the observation: image + instruction; the target: the expert's next ``--action-chunk`` actions of the same
    episode, entries past the episode's end masked out of the loss).
-2. Training: ``--steps`` Adam steps on random minibatches, LoRA adapters and heads only (the policy's
-   ``requires_grad``): cross-entropy over the bins of each action entry (the expert action's bin) for the bins
-   head, Gaussian negative log-likelihood for the gaussian head.
-3. Evaluation: deterministic (``dist.mode``) success per task on ``--eval-episodes`` fresh episodes
+2. Statistics: per action dimension and state entry, the 1st and 99th percentiles, mean, std, min and max of the
+   demonstrations; the policy decodes its actions (``--action-normalization``, default OpenVLA's ``bounds_q99``) and
+   normalises its state (``--state-normalization``, default ``normal``: mean and std) with them from here on
+   (``statistics.py``).
+3. Training: ``--steps`` Adam steps on random minibatches, LoRA adapters and heads only (the policy's
+   ``requires_grad``): cross-entropy over the bins of each action entry (the bin of the expert action, normalised
+   with the statistics) for the bins head, Gaussian negative log-likelihood for the gaussian head.
+4. Evaluation: deterministic (``dist.mode``) success per task on ``--eval-episodes`` fresh episodes
    (``shared.evaluation.evaluate``, seeds the demonstrations never used): every ``--eval-every`` steps (the
    success-vs-steps curve) and at the end on the policy reloaded from ``--out`` (the number RL starts from).
-4. ``--out``: ``save_pretrained`` (merged backbone, tokenizer, heads, vla_config.json) and ``bc_eval.json``
-   (final success, the success-vs-steps curve, sizes and minutes).
+5. ``--out``: ``save_pretrained`` (merged backbone, tokenizer, heads, vla_config.json with the action-token map,
+   dataset_statistics.json) and ``bc_eval.json`` (final success, the success-vs-steps curve, sizes and minutes).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.chunks import chunk_space
 from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.evaluation import evaluate
-from examples.hf_vla.policy import RUN_KWARGS, HFVLAPolicy, make_policy
+from examples.hf_vla.policy import ENV_BOUNDS, RUN_KWARGS, HFVLAPolicy, make_policy
+from examples.hf_vla.statistics import DatasetStatistics
 
 
 @dataclass
@@ -60,6 +65,11 @@ class Args:
     """actions per decision, as the trainers' --action-chunk"""
     policy_kwargs: str = "{}"
     """JSON keyword arguments of examples.hf_vla:make_policy (e.g. '{"lora_rank": 16}' or a model_path to start from)"""
+    action_normalization: Literal["bounds_q99", "bounds", "normal"] = "bounds_q99"
+    """how actions are normalised with the demonstrations' statistics: [q01, q99] or [min, max] to [-1, 1], or
+    (x - mean) / std (the bins span [-1, 1] of it)"""
+    state_normalization: Literal["normal", "bounds_q99", "bounds", "none"] = "normal"
+    """how the state is normalised with the demonstrations' statistics (none: as the env gives it)"""
     demo_episodes: int = 512
     """expert episodes to record (every step of them is a sample)"""
     demo_noise: float = 0.0
@@ -120,16 +130,24 @@ def collect_demos(
     return obs.reshape(-1), targets.reshape(-1, chunk, actions.shape[-1]), valid.reshape(-1, chunk)
 
 
+def demo_statistics(args: Args, obs: TensorDict, targets: torch.Tensor, episodes: int) -> DatasetStatistics:
+    """The demonstrations' statistics: of every recorded step's own expert action (a chunk's first entry) and of
+    its state."""
+    states = obs["state"] if "state" in obs.keys() else None
+    source = f"examples/hf_vla/bc.py: expert demonstrations (--seed {args.seed}, --demo-noise {args.demo_noise})"
+    return DatasetStatistics.of_samples(
+        args.env_id, targets[:, 0], states, args.action_normalization, args.state_normalization,
+        num_transitions=len(targets), demo_episodes=episodes, source=source,
+    )  # fmt: skip
+
+
 def bc_loss(policy: HFVLAPolicy, obs: TensorDict, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the expert's actions over the valid entries: cross-entropy over the bins of
-    each entry (the bin the expert's action falls in), or the Gaussian's NLL."""
+    each entry (the bin the expert's action falls in, normalised with the policy's statistics), or the Gaussian's
+    NLL."""
     dist = policy.dist(obs)
     shape = dist.batch_shape  # [B, D] or [B, K, D]
-    if policy.bins:
-        low, high = policy.action_low, policy.action_high
-        target = ((targets.view(shape) - low) / (high - low) * policy.bins).floor().clamp(0, policy.bins - 1)
-    else:
-        target = targets.view(shape)
+    target = policy.action_bins(targets.view(shape)) if policy.bins else targets.view(shape)
     mask = valid.view(shape[0], -1, 1).expand(-1, -1, shape[-1]).reshape(shape)
     return -torch.where(mask, dist.log_prob(target), 0.0).sum() / mask.sum()
 
@@ -159,8 +177,11 @@ def main(args: Args) -> dict:
     obs_space, act_space = eval_env.single_observation_space, eval_env.single_action_space
     if args.action_chunk > 1:  # the policy emits chunks of K actions; evaluation runs them one by one
         act_space = chunk_space(act_space, args.action_chunk)
-    policy = make_policy(obs_space, act_space, args, **json.loads(args.policy_kwargs))
+    policy_kwargs = json.loads(args.policy_kwargs)
+    # the demonstrations' statistics replace whatever the start had (a base checkpoint has none to refuse over)
+    policy = make_policy(obs_space, act_space, args, **{"action_stats": ENV_BOUNDS, **policy_kwargs})
     obs, targets, valid = collect_demos(demo_env, args.demo_episodes, args.seed, args.action_chunk, args.demo_noise)
+    policy.set_statistics(demo_statistics(args, obs, targets, args.demo_episodes))
     collect_s = time.time() - start
     trainable = [p for p in policy.parameters() if p.requires_grad]
     counts = {"total": sum(p.numel() for p in policy.parameters()), "trainable": sum(p.numel() for p in trainable)}
@@ -192,7 +213,7 @@ def main(args: Args) -> dict:
 
     out = Path(args.out)
     policy.save_pretrained(out)
-    run_kwargs = {k: v for k, v in json.loads(args.policy_kwargs).items() if k in RUN_KWARGS}
+    run_kwargs = {k: v for k, v in policy_kwargs.items() if k in RUN_KWARGS}
     saved = make_policy(obs_space, act_space, args, **{**run_kwargs, "model_path": str(out)})
     with torch.no_grad(), amp:
         result = evaluate_policy(saved, eval_env, args.eval_episodes, args.seed + 10_000)

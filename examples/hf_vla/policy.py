@@ -7,19 +7,28 @@ One forward pass reads the sequence
     [image tokens (SigLIP patches, projected)] [state token, if the env gives "state"] [prompt] [K*D action slots]
 
 with bidirectional attention over all of it (PaliGemma's prefix attention; OpenVLA-OFT's parallel decoding): the
-action slots are ``<act>`` placeholder tokens plus a learned query per slot, and each slot's last hidden state gives
-one action entry, independent of the others given the context. Heads (``--action-head``):
+image resized and normalised as the family's processor does (PaliGemma: bicubic, mean and std 0.5), the state
+normalised with the dataset statistics, the prompt with the family's suffix (PaliGemma's processor ends the prefix
+with a newline), and the action slots ``<act>`` placeholder tokens plus a learned query per slot (Gemma's vocabulary
+has no ``<act>``, so a real checkpoint's slots embed ``<pad>``: harmless, the queries and positions tell the slots
+apart). Each slot's last hidden state gives one action entry, independent of the others given the context. Heads
+(``--action-head``):
 
-- ``bins``: the slot's logits over the LAST N vocabulary ids (the action tokens) through the base's own LM head:
-  ``h @ (W[-N:] + delta).T``. ``delta`` [N, H] (zero at build, so the start is the base's head) trains the action
+- ``bins``: the slot's logits over the action tokens through the base's own LM head: ``h @ (W[ids] + delta).T``,
+  ``ids`` the vocabulary ids of the N bins, an explicit per-family map (``action_tokens.py``, written into
+  ``vla_config.json``). ``delta`` [N, H] (zero at build, so the start is the base's head) trains the action
   tokens' rows, as a fine-tuned OpenVLA does (``train_action_tokens``; false keeps the LM head frozen as it is).
-- ``gaussian``: a small MLP on the slot's hidden state gives the entry's mean, with a learned log-std per entry.
+  The logits and their log-softmax are float32 whatever the backbone's dtype or autocast. A bin decodes to a
+  normalised action in [-1, 1], which the dataset statistics (``statistics.py``, ``dataset_statistics.json``
+  beside the model) map to the env's units.
+- ``gaussian``: a small MLP on the slot's hidden state gives the entry's normalised mean, with a learned log-std per
+  entry; the distribution is over the env's units (the statistics' affine map applied to it).
 - value: an MLP on the mean of the last hidden states over the sequence (a critic sharing the backbone).
 
 Only the LoRA adapters and the heads train (``requires_grad``); ``reference_dist`` is the policy with the adapters
 disabled and the heads as built (a frozen copy of the small heads only, never of the backbone). ``save_pretrained``
-writes the backbone with the adapters merged in, the tokenizer, the heads and ``vla_config.json``; a policy loaded
-from there starts with fresh (zero-effect) adapters on that merged base.
+writes the backbone with the adapters merged in (in its own dtype), the tokenizer, the heads, ``vla_config.json`` and
+``dataset_statistics.json``; a policy loaded from there starts with fresh (zero-effect) adapters on that merged base.
 """
 
 from __future__ import annotations
@@ -47,9 +56,11 @@ from transformers.utils import logging as hf_logging
 
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, is_instruction_space
+from examples.hf_vla.action_tokens import CONVENTIONS, ActionTokenMap, build_action_token_map
+from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
-__all__ = ["Bins", "HFVLAPolicy", "VLAConfig", "load_backbone", "make_policy", "tiny_paligemma"]
+__all__ = ["FAMILIES", "Bins", "Family", "HFVLAPolicy", "VLAConfig", "load_backbone", "make_policy", "tiny_paligemma"]
 
 
 class Bins(torch.distributions.Distribution):
@@ -106,30 +117,54 @@ def decode_bins(index: torch.Tensor, low: torch.Tensor, high: torch.Tensor, num_
     return low + (index + 0.5) * ((high - low) / num_bins)
 
 
-MODEL_CLASSES = {"paligemma": PaliGemmaForConditionalGeneration}
-"""``model_type`` (config.json) -> the class that loads it; the policy's forward is written for these."""
+@dataclass(frozen=True)
+class Family:
+    """What a model family fixes besides its class: the action tokens' convention for a checkpoint of it
+    (``action_tokens.py``), and what its processor does to the inputs: the text after the prompt, the image's
+    resampling and normalisation (a checkpoint's ``preprocessor_config.json`` overrides the last two)."""
+
+    model_class: type
+    action_tokens: str
+    prompt_suffix: str
+    image_resample: str
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+
+FAMILIES = {
+    # PaliGemmaProcessor: "<image>"*n + "<bos>" + prompt + "\n"; SiglipImageProcessor: bicubic resize of the 8-bit
+    # image, then (x / 255 - 0.5) / 0.5
+    "paligemma": Family(PaliGemmaForConditionalGeneration, "paligemma", "\n", "bicubic", (0.5,) * 3, (0.5,) * 3),
+}
+"""``model_type`` (config.json) -> its family; the policy's forward is written for these."""
+MODEL_CLASSES = {name: family.model_class for name, family in FAMILIES.items()}
 VLA_CONFIG = "vla_config.json"
 HEADS_FILE = "heads.safetensors"
 DEFAULT_LORA_TARGETS = "all-linear"
 r"""peft's every linear layer but the LM head: the vision tower's, the projector's and the language model's (OpenVLA's
 LoRA choice). A regex selects fewer, e.g. r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"."""
-SIGLIP_MEAN, SIGLIP_STD = 0.5, 0.5  # SigLIP's image normalization: [0, 1] -> [-1, 1]
+RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes in a preprocessor_config.json
 
 
 @dataclass
 class VLAConfig:
     """What the policy adds to its backbone; saved as ``vla_config.json`` beside the model."""
 
-    model_type: str = "paligemma"  # the backbone's class (MODEL_CLASSES)
+    model_type: str = "paligemma"  # the backbone's family (FAMILIES)
     action_head: str = "bins"  # "bins" or "gaussian"
-    action_bins: int = 256  # N: action tokens, the last N ids of the vocabulary
+    action_bins: int = 256  # N bins per action entry
+    action_tokens: dict[str, Any] | None = None  # bins: the ActionTokenMap (ids, values, edges); None: not yet built
     action_chunk: int = 1  # K actions per decision (the action is [K, D] when K > 1)
     action_dim: int = 7  # D
-    action_low: list[float] = field(default_factory=list)  # per-step bounds [D] (bins decode inside them)
+    action_low: list[float] = field(default_factory=list)  # the env's per-step bounds [D] (checked on loading)
     action_high: list[float] = field(default_factory=list)
     image_size: tuple[int, int] = (64, 64)  # H, W of the env's "rgb" image
+    image_resample: str = "bicubic"  # how an image of another size is resized to the vision tower's
+    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])  # (x / 255 - mean) / std per channel
+    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     state_dim: int = 0  # entries of the env's "state" (0: none; else one state token after the image)
     prompt_format: str = "{instruction}"  # e.g. "In: What action should the robot take to {instruction}?\nOut:"
+    prompt_suffix: str = "\n"  # appended to every prompt (the family's processor's; PaliGemma: a newline)
     instruction: str | None = None  # the prompt's instruction for envs whose observations hold none
     head_hidden: int = 64  # width of the Gaussian mean MLP and of the value MLP
     init_logstd: float = -0.5  # initial log-std of the Gaussian head
@@ -236,7 +271,17 @@ class HFVLAPolicy(nn.Module):
     unless ``config.instruction`` fixes it, and ``"state"`` (float [B, S]) when ``config.state_dim``.
     """
 
-    def __init__(self, backbone: nn.Module, tokenizer, config: VLAConfig, lora: dict[str, Any]):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer,
+        config: VLAConfig,
+        lora: dict[str, Any],
+        statistics: DatasetStatistics | None = None,
+    ):
+        """``config.action_tokens`` None builds the ``bin_tokens`` map (this module's tokenizer) into it; ``statistics``
+        None decodes over the env's bounds (``DatasetStatistics.env_bounds``). A one-line ValueError when the
+        action-token map does not fit this tokenizer and LM head, or the statistics this env."""
         super().__init__()
         self.config, self.tokenizer = config, tokenizer
         self.model_type = config.model_type
@@ -254,16 +299,46 @@ class HFVLAPolicy(nn.Module):
         self.value_head = mlp(hidden, config.head_hidden, 1, out_std=1.0)
         self.action_shape = config.action_shape
         self.bins = config.action_bins if config.action_head == "bins" else 0
-        step_low = torch.tensor(config.action_low, dtype=torch.float32)
-        step_high = torch.tensor(config.action_high, dtype=torch.float32)
-        self.register_buffer("action_low", step_low.expand(self.action_shape).clone(), persistent=False)
-        self.register_buffer("action_high", step_high.expand(self.action_shape).clone(), persistent=False)
+        self.token_map: ActionTokenMap | None = None
+        if self.bins:
+            lm_rows = self.backbone.get_output_embeddings().weight.shape[0]
+            if config.action_tokens is None:
+                self.token_map = build_action_token_map("bin_tokens", tokenizer, lm_rows, self.bins)
+                config.action_tokens = self.token_map.to_dict()
+            else:
+                self.token_map = ActionTokenMap.from_dict(config.action_tokens)
+                if self.token_map.num_bins != self.bins:
+                    raise ValueError(f"action tokens: {self.token_map.num_bins} ids for {self.bins} bins")
+                self.token_map.check(tokenizer, lm_rows)
+            self.register_buffer("action_token_ids", torch.tensor(self.token_map.ids), persistent=False)
+            self.register_buffer("bin_values", torch.tensor(self.token_map.values), persistent=False)
+            self.register_buffer("bin_edges", torch.tensor(self.token_map.edges), persistent=False)
+        if statistics is None:
+            statistics = DatasetStatistics.env_bounds(config.action_low, config.action_high, config.state_dim)
+        self.set_statistics(statistics)
         act = tokenizer.convert_tokens_to_ids("<act>")
         self.act_id = act if isinstance(act, int) and act != tokenizer.unk_token_id else self._pad_id()
-        self.prompts = PromptCache(tokenizer, config.prompt_format)
+        self.prompts = PromptCache(tokenizer, config.prompt_format + config.prompt_suffix)
         self._fixed_prompt = self.prompts.texts([config.instruction]) if config.instruction is not None else None
         vision = self.backbone.config.vision_config
         self.vision_size = (vision.image_size, vision.image_size)
+
+    def set_statistics(self, statistics: DatasetStatistics) -> None:
+        """Decode actions and normalise the state with ``statistics`` from now on (what ``save_pretrained`` writes to
+        ``dataset_statistics.json``); a one-line ValueError when they do not fit the action and state sizes."""
+        config = self.config
+        statistics.check(config.action_dim, config.state_dim, "dataset statistics")
+        self.statistics = statistics
+        offset, scale = statistics.action.offset_scale()
+        device = self.value_head[0].weight.device
+        for name, value in (("action_offset", offset), ("action_scale", scale)):
+            self.register_buffer(name, value.expand(self.action_shape).clone().to(device), persistent=False)
+        self._state_identity = config.state_dim == 0 or statistics.state.normalization == "none"
+        if config.state_dim:
+            offset, scale = statistics.state.offset_scale()
+            self.register_buffer("state_offset", offset.to(device), persistent=False)
+            self.register_buffer("state_scale", scale.to(device), persistent=False)
+        self._state_clip = config.state_dim > 0 and statistics.state.clips
 
     @property
     def backbone(self) -> nn.Module:
@@ -286,15 +361,12 @@ class HFVLAPolicy(nn.Module):
         model = self.backbone.model  # PaliGemmaModel: vision tower, projector, language model
         embed = model.get_input_embeddings()
         dtype = embed.weight.dtype
-        pixels = (obs["rgb"].to(dtype) / 255.0 - SIGLIP_MEAN) / SIGLIP_STD
-        if tuple(pixels.shape[-2:]) != self.vision_size:  # a real checkpoint's resolution (e.g. 224)
-            pixels = F.interpolate(pixels, size=self.vision_size, mode="bilinear", align_corners=False)
-        image = model.get_image_features(pixel_values=pixels).pooler_output.to(dtype)  # [B, n, H]
+        image = model.get_image_features(pixel_values=self.pixels(obs["rgb"], dtype)).pooler_output.to(dtype)
         ids, mask = self._prompt(obs)
         batch = ids.shape[0]
         parts, masks = [image], [torch.ones(image.shape[:2], dtype=mask.dtype, device=mask.device)]
         if head.state_proj is not None:
-            parts.append(head.state_proj(obs["state"].float()).to(dtype)[:, None])
+            parts.append(head.state_proj(self.normalize_state(obs["state"])).to(dtype)[:, None])
             masks.append(torch.ones((batch, 1), dtype=mask.dtype, device=mask.device))
         slots = embed(torch.full((batch, self.num_slots), self.act_id, device=ids.device)) + head.queries.to(dtype)
         parts += [embed(ids), slots]
@@ -313,20 +385,52 @@ class HFVLAPolicy(nn.Module):
         # contiguous: a strided input lets CPU matmuls round differently for equal weights at other addresses
         return hidden[:, -self.num_slots :].contiguous(), pooled
 
+    def pixels(self, rgb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """uint8 images [B, 3, H, W] -> the vision tower's input: resized to its size as the family's processor does
+        (transformers' SigLIP processor: antialiased bicubic on the 8-bit image, rounded back to 8 bits), then
+        ``(x / 255 - mean) / std`` per channel."""
+        config = self.config
+        if tuple(rgb.shape[-2:]) != self.vision_size:  # a real checkpoint's resolution (e.g. 224)
+            mode = config.image_resample
+            smooth = mode in ("bilinear", "bicubic")
+            rgb = F.interpolate(rgb.float(), size=self.vision_size, mode=mode, antialias=smooth,
+                                **({"align_corners": False} if smooth else {}))  # fmt: skip
+            rgb = rgb.clamp(0, 255).round()
+        x = rgb.to(dtype) / 255.0
+        mean, std = config.image_mean, config.image_std
+        if len(set(mean)) == 1 and len(set(std)) == 1:  # one number for every channel (SigLIP's 0.5, 0.5)
+            return (x - mean[0]) / std[0]
+        shape = (1, len(mean), 1, 1)
+        return (x - torch.tensor(mean, dtype=dtype, device=x.device).view(shape)) / torch.tensor(
+            std, dtype=dtype, device=x.device
+        ).view(shape)
+
+    def normalize_state(self, state: torch.Tensor) -> torch.Tensor:
+        """The env's state -> the state token's input (float32): normalised with the dataset statistics."""
+        state = state.float()
+        if self._state_identity:
+            return state
+        state = (state - self.state_offset) / self.state_scale
+        return state.clamp(-1.0, 1.0) if self._state_clip else state
+
     def _dist(self, slots: torch.Tensor, head: ActionHead) -> torch.distributions.Distribution:
         batch = slots.shape[0]
-        if self.bins:  # logits over the action tokens, the last N ids, through the LM head
-            rows = self.backbone.get_output_embeddings().weight[-self.bins :]
+        if self.bins:  # logits over the action tokens (the map's ids) through the LM head, in float32
+            rows = self.backbone.get_output_embeddings().weight.index_select(0, self.action_token_ids).float()
             if head.token_delta is not None:
-                rows = rows + head.token_delta.to(rows.dtype)
-            logits = F.linear(slots, rows.to(slots.dtype))
-            if self.softcap:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
-            return Bins(logits.view(batch, *self.action_shape, self.bins))  # float32 log-probs
+                rows = rows + head.token_delta.float()
+            with torch.autocast(slots.device.type, enabled=False):
+                logits = F.linear(slots.float(), rows)
+                if self.softcap:
+                    logits = torch.tanh(logits / self.softcap) * self.softcap
+            return Bins(logits.view(batch, *self.action_shape, self.bins))
         mean = head.mean(slots.float()).squeeze(-1).float()  # (float32 also under bf16 autocast)
         std = head.log_std.exp().expand_as(mean)
         shape = (batch, *self.action_shape)
-        return torch.distributions.Normal(mean.view(shape), std.reshape(shape), validate_args=False)
+        # the head's normalised Gaussian in the env's units (an affine map of a Normal is a Normal)
+        mean = self.action_offset + self.action_scale * mean.view(shape)
+        std = self.action_scale * std.reshape(shape)
+        return torch.distributions.Normal(mean, std, validate_args=False)
 
     def forward(self, obs: TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """The action distribution and V(obs) [B] from one pass through the backbone."""
@@ -345,8 +449,17 @@ class HFVLAPolicy(nn.Module):
             return self._dist(self.features(obs, self.reference_head)[0], self.reference_head)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """A bin index -> its bin's centre within the action bounds; a Gaussian sample as it is (the env clips)."""
-        return decode_bins(action, self.action_low, self.action_high, self.bins) if self.bins else action
+        """A bin index -> its normalised value (the map's ``values``) in the env's units (the statistics); a Gaussian
+        sample as it is (the env clips); then the gripper post-processing the statistics name, if any."""
+        if self.bins:
+            action = self.action_offset + self.action_scale * self.bin_values[action.long()]
+        return self.statistics.gripper.apply(action)
+
+    def action_bins(self, action: torch.Tensor) -> torch.Tensor:
+        """Env actions [..., *action_shape] -> their bins (float indices, as ``Bins`` samples): normalised with the
+        statistics, clipped to [-1, 1], and counted against the map's edges (behaviour cloning's targets)."""
+        normalised = ((action - self.action_offset) / self.action_scale).clamp(-1.0, 1.0)
+        return torch.bucketize(normalised.contiguous(), self.bin_edges, right=True).float()
 
     # ---- what trains, and saving ------------------------------------------------------------------------------
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
@@ -367,7 +480,8 @@ class HFVLAPolicy(nn.Module):
         if self.bins and delta is not None:
             head = backbone.get_output_embeddings().weight
             merged = head.detach().clone()
-            merged[-self.bins :] = (head[-self.bins :].float() + delta.detach().float()).to(head.dtype)
+            ids = self.action_token_ids
+            merged[ids] = (head[ids].float() + delta.detach().float()).to(head.dtype)
             for key, value in list(state.items()):
                 if value is head or (value.data_ptr() == head.data_ptr() and value.shape == head.shape):
                     state[key] = merged  # the LM head and the input embedding it is tied to
@@ -376,9 +490,9 @@ class HFVLAPolicy(nn.Module):
     @torch.no_grad()
     def save_pretrained(self, path: str | Path) -> None:
         """Write a directory that ``make_policy(..., model_path=path)`` loads: the backbone with the adapters merged
-        (transformers' ``save_pretrained``), the tokenizer, the heads (``heads.safetensors``) and ``vla_config.json``.
-        The heads file has no token delta (merged into the LM head) and no reference copy (a loaded policy's
-        reference is the loaded policy)."""
+        (transformers' ``save_pretrained``, in the backbone's dtype), the tokenizer, the heads (``heads.safetensors``),
+        ``vla_config.json`` (with the action-token map) and ``dataset_statistics.json``. The heads file has no token
+        delta (merged into the LM head) and no reference copy (a loaded policy's reference is the loaded policy)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with quiet():
@@ -388,6 +502,7 @@ class HFVLAPolicy(nn.Module):
         heads.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
         save_file({k: v.detach().contiguous().cpu() for k, v in heads.items()}, str(path / HEADS_FILE))
         (path / VLA_CONFIG).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        self.statistics.save(path)
 
     def load_heads(self, path: str | Path) -> None:
         """The heads ``save_pretrained`` wrote (and the reference copy set to them)."""
@@ -404,13 +519,16 @@ class HFVLAPolicy(nn.Module):
 
 # ---- the factory ------------------------------------------------------------------------------------------------
 ARCHITECTURE_KWARGS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size")
-HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens")
+HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens")
 RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd")
+STATS_KWARGS = ("action_stats", "unnorm_key")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ENV_BOUNDS = "env_bounds"
+"""``action_stats`` value: decode actions over the env's bounds and feed the state unnormalised (no data)"""
 
 
 def _check_kwargs(kwargs: dict[str, Any]) -> None:
-    known = ARCHITECTURE_KWARGS + HEAD_KWARGS + RUN_KWARGS
+    known = ARCHITECTURE_KWARGS + HEAD_KWARGS + RUN_KWARGS + STATS_KWARGS
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         fail(f"--policy-kwargs: unknown key(s) {unknown} for examples.hf_vla (allowed: {', '.join(known)})")
@@ -431,9 +549,11 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
     fmt = kwargs.get("prompt_format", "{instruction}")
     if not isinstance(fmt, str) or "{instruction}" not in fmt:
         fail(f"--policy-kwargs: prompt_format must be a string holding '{{instruction}}', got {fmt!r}")
-    for name in ("model_path", "instruction"):
+    for name in ("model_path", "instruction", "action_stats", "unnorm_key"):
         if kwargs.get(name) is not None and not isinstance(kwargs[name], str):
             fail(f"--policy-kwargs: {name} must be a string, got {kwargs[name]!r}")
+    if kwargs.get("action_tokens", CONVENTIONS[0]) not in CONVENTIONS:
+        fail(f"--policy-kwargs: action_tokens must be one of {', '.join(CONVENTIONS)}, got {kwargs['action_tokens']!r}")
     targets = kwargs.get("lora_targets", DEFAULT_LORA_TARGETS)
     if not (
         isinstance(targets, str) or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))
@@ -474,13 +594,10 @@ def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: s
         fail(f"examples.hf_vla needs a Box action space [D] or [K, D] (--action-chunk), got {act_space}")
     head = getattr(args, "action_head", "gaussian")
     bins = int(getattr(args, "action_bins", 256))
+    if head == "bins" and bins < 2:
+        fail(f"--action-bins must be >= 2, got {bins}")
     chunk = act_space.shape[0] if len(act_space.shape) == 2 else 1
     low, high = act_space.low.reshape(-1, act_space.shape[-1]), act_space.high.reshape(-1, act_space.shape[-1])
-    if head == "bins":
-        try:
-            bin_bounds(act_space, bins)
-        except ValueError as e:
-            fail(str(e))
     return {
         "action_head": head,
         "action_bins": bins,
@@ -493,9 +610,23 @@ def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: s
     }
 
 
-def load_backbone(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any, dict[str, Any] | None]:
+def _describe(config: dict[str, Any]) -> str:
+    """What a config.json says its model is, in a few words."""
+    if config.get("model_type") is not None:
+        return f"model_type {config['model_type']!r}"
+    if "type" in config:  # LeRobot's policy configs: {"type": "smolvla", ...}
+        return f"a LeRobot policy of type {config['type']!r} (no transformers model_type)"
+    if config.get("architectures"):
+        return f"architectures {config['architectures']} but no model_type"
+    return "no model_type"
+
+
+def load_backbone(
+    model_path: str, dtype: torch.dtype | str | None = None
+) -> tuple[nn.Module, Any, dict[str, Any] | None]:
     """``(model, tokenizer, vla_config or None)`` from a local directory: a ``save_pretrained`` VLA (with
-    ``vla_config.json``) or a transformers checkpoint of a supported ``model_type`` with its tokenizer."""
+    ``vla_config.json``) or a transformers checkpoint of a supported family (``FAMILIES``) with its tokenizer. The
+    weights keep the checkpoint's dtype unless ``dtype`` names one."""
     path = Path(model_path)
     if not (path / "config.json").is_file():
         fail(
@@ -503,20 +634,76 @@ def load_backbone(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any, 
             "save_pretrained, or a local transformers checkpoint such as PaliGemma's)"
         )
     vla = json.loads((path / VLA_CONFIG).read_text()) if (path / VLA_CONFIG).is_file() else None
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type not in MODEL_CLASSES:
+    try:
+        described = json.loads((path / "config.json").read_text())
+    except ValueError:
+        fail(f"--policy-kwargs model_path {model_path!r}: its config.json is not JSON")
+    model_type = described.get("model_type") if isinstance(described, dict) else None
+    if model_type not in FAMILIES:
+        supported = ", ".join(f"{name} ({family.model_class.__name__})" for name, family in FAMILIES.items())
         fail(
-            f"--policy-kwargs model_path {model_path!r}: model_type {model_type!r} is not supported "
-            f"(supported: {', '.join(MODEL_CLASSES)})"
+            f"--policy-kwargs model_path {model_path!r}: its config.json says "
+            f"{_describe(described if isinstance(described, dict) else {})}; examples.hf_vla loads the transformers "
+            f"families {supported} and the VLAs it saved"
         )
     try:
         with quiet():
-            model = MODEL_CLASSES[model_type].from_pretrained(path, dtype=dtype)
+            model = FAMILIES[model_type].model_class.from_pretrained(path, dtype=dtype if dtype is not None else "auto")
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         fail(f"--policy-kwargs model_path {model_path!r}: cannot load it ({first})")
     return model, tokenizer, vla
+
+
+def _image_processing(path: Path, family: Family) -> dict[str, Any]:
+    """The image's resampling and normalisation: the checkpoint's ``preprocessor_config.json`` where it says, else
+    the family's."""
+    out = {"image_resample": family.image_resample, "image_mean": list(family.image_mean),
+           "image_std": list(family.image_std)}  # fmt: skip
+    file = path / "preprocessor_config.json"
+    if file.is_file():
+        pre = json.loads(file.read_text())
+        if pre.get("resample") in RESAMPLE:
+            out["image_resample"] = RESAMPLE[pre["resample"]]
+        for key in ("image_mean", "image_std"):
+            value = pre.get(key)
+            if isinstance(value, (int, float)):
+                value = [value] * 3
+            if isinstance(value, list) and len(value) == 3:
+                out[key] = [float(v) for v in value]
+    return out
+
+
+def _statistics(kwargs: dict[str, Any], env: dict[str, Any], config: VLAConfig) -> DatasetStatistics:
+    """The dataset statistics: ``action_stats`` "env_bounds" (or a fresh build without it): the env's bounds; a
+    path: that file; else the model directory's ``dataset_statistics.json``, refused in one line when absent."""
+    choice, model_path = kwargs.get("action_stats"), kwargs.get("model_path")
+    if choice == ENV_BOUNDS or (choice is None and model_path is None):
+        if config.action_head == "bins":
+            low, high = np.array(env["action_low"]), np.array(env["action_high"])
+            if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+                fail(
+                    "--action-head bins needs a bounded action space or dataset statistics (--policy-kwargs "
+                    f"action_stats), this env's bounds are {env['action_low']}..{env['action_high']} (or use "
+                    "--action-head gaussian)"
+                )
+        return DatasetStatistics.env_bounds(env["action_low"], env["action_high"], env["state_dim"])
+    path = Path(choice) if choice is not None else Path(model_path) / STATS_FILE
+    if not path.is_file():
+        if choice is not None:
+            fail(f"--policy-kwargs action_stats {choice!r}: no such file (or {ENV_BOUNDS!r})")
+        fail(
+            f"--policy-kwargs model_path {model_path!r} has no {STATS_FILE} (the statistics its actions are decoded "
+            "and its state normalised with; bc.py writes it); name a file with action_stats, or decode over the "
+            f'env\'s action bounds with --policy-kwargs \'{{"action_stats": "{ENV_BOUNDS}"}}\''
+        )
+    try:
+        statistics = DatasetStatistics.load(path, kwargs.get("unnorm_key"))
+        statistics.check(env["action_dim"], env["state_dim"], str(path))
+    except ValueError as e:
+        fail(f"--policy-kwargs: {e}")
+    return statistics
 
 
 def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> HFVLAPolicy:
@@ -525,16 +712,18 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     transformers checkpoint), with LoRA adapters and heads for this env's spaces and the trainer's
     ``--action-head/--action-bins/--action-chunk``. ``--policy-kwargs`` keys (docs/VLA.md): architecture
     (``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``: fresh builds only),
-    heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``: fixed
-    by a saved VLA), and ``model_path``, ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear",
-    a regex or a list of module names), ``dtype`` of the frozen weights (float32, bfloat16), ``init_seed`` (0: what
-    is random at build, so every call builds the same policy), ``start_logstd`` (gaussian head: the log-std the
-    policy and its reference start from, replacing the built or loaded one)."""
+    heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``,
+    ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; all fixed by a saved VLA),
+    statistics (``action_stats``: "env_bounds" or a statistics file, default the model directory's
+    ``dataset_statistics.json``, refused when absent; ``unnorm_key``: its entry), and ``model_path``,
+    ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear", a regex or a list of module names),
+    ``dtype`` of the frozen weights (float32, bfloat16; default float32 fresh, a checkpoint's own when loaded),
+    ``init_seed`` (0: what is random at build, so every call builds the same policy), ``start_logstd`` (gaussian
+    head: the log-std the policy and its reference start from, replacing the built or loaded one)."""
     _check_kwargs(kwargs)
     if getattr(args, "norm_obs", False):
         fail("--policy examples.hf_vla:make_policy scales its images itself and has no obs_rms; drop --norm-obs")
     model_path = kwargs.get("model_path")
-    dtype = DTYPES[kwargs.get("dtype", "float32")]
     lora = {
         "rank": kwargs.get("lora_rank", 16),
         "alpha": kwargs.get("lora_alpha", 32),
@@ -542,11 +731,13 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     }
     env = _env_config(obs_space, act_space, args, kwargs.get("instruction"))
     head_kwargs = {k: kwargs[k] for k in HEAD_KWARGS if k in kwargs}
+    config_kwargs = {k: v for k, v in head_kwargs.items() if k != "action_tokens"}
+    where = f"--policy-kwargs model_path {model_path!r}" if model_path else "examples.hf_vla"
     with torch.random.fork_rng(devices=[]):  # the build's random draws leave the trainer's streams alone
         torch.manual_seed(kwargs.get("init_seed", 0))
         saved = None
         if model_path is None:
-            config = VLAConfig(**env, **head_kwargs)
+            config = VLAConfig(**env, **config_kwargs)
             tokenizer = build_tokenizer(default_corpus(config.prompt_format), config.action_bins)
             special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
             arch = {k: kwargs[k] for k in ARCHITECTURE_KWARGS if k in kwargs}
@@ -561,20 +752,39 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
             if arch.get("hidden_size", 64) % arch.get("num_heads", 4):
                 fail("--policy-kwargs: hidden_size must be a multiple of num_heads")
             backbone = PaliGemmaForConditionalGeneration(tiny_paligemma(len(tokenizer), size, special, **arch))
-            backbone = backbone.to(dtype)
+            backbone = backbone.to(DTYPES[kwargs.get("dtype", "float32")])
+            convention = kwargs.get("action_tokens", "bin_tokens")
         else:
             given = sorted(k for k in ARCHITECTURE_KWARGS if k in kwargs)
             if given:
                 fail(f"--policy-kwargs: model_path {model_path!r} fixes the architecture; drop {given}")
-            backbone, tokenizer, saved = load_backbone(model_path, dtype)
+            backbone, tokenizer, saved = load_backbone(model_path, DTYPES.get(kwargs.get("dtype")))
+            family = FAMILIES[backbone.config.model_type]
             if saved is not None:
                 config = _saved_config(saved, env, head_kwargs, model_path)
-            else:  # a base VLM: new heads; the action tokens are the last N ids of its vocabulary
-                config = VLAConfig(model_type=backbone.config.model_type, **env, **head_kwargs)
-                if env["action_head"] == "bins" and len(tokenizer) < env["action_bins"]:
-                    fail(f"model_path {model_path!r}: its vocabulary ({len(tokenizer)}) is smaller than --action-bins")
+                convention = "bin_tokens"  # (a VLA saved before the map was written read its <bin_k> tokens)
+            else:  # a base VLM: new heads, the family's action tokens, image processing and prompt suffix
+                config = VLAConfig(
+                    model_type=backbone.config.model_type,
+                    prompt_suffix=family.prompt_suffix,
+                    **_image_processing(Path(model_path), family),
+                    **env,
+                    **config_kwargs,
+                )
+                convention = kwargs.get("action_tokens", family.action_tokens)
+        if config.action_head == "bins" and config.action_tokens is None:
+            lm_rows = backbone.get_output_embeddings().weight.shape[0]
+            try:
+                token_map = build_action_token_map(convention, tokenizer, lm_rows, config.action_bins)
+                config.action_tokens = token_map.to_dict()
+            except ValueError as e:
+                fail(f"{where}: {e}")
+        statistics = _statistics(kwargs, env, config)
         backbone.eval()  # no dropout (the configs have none; a checkpoint's might)
-        policy = HFVLAPolicy(backbone, tokenizer, config, lora)
+        try:
+            policy = HFVLAPolicy(backbone, tokenizer, config, lora, statistics)
+        except ValueError as e:
+            fail(f"{where}: {e}")
         if saved is not None:
             policy.load_heads(model_path)
     if "start_logstd" in kwargs:  # the exploration noise RL starts from, in the policy and its reference alike
@@ -591,6 +801,7 @@ def _saved_config(saved: dict[str, Any], env: dict[str, Any], head_kwargs: dict,
     """The saved VLA's config, checked against what this env and these flags need."""
     if head_kwargs:
         fail(f"--policy-kwargs: model_path {model_path!r} fixes the heads and prompt; drop {sorted(head_kwargs)}")
+    saved = {"prompt_suffix": "", **saved}  # a VLA saved before the suffix was written prompted without one
     try:
         config = VLAConfig(**saved)
     except TypeError as e:

@@ -2,8 +2,9 @@
 
 :func:`build_tokenizer` trains a byte-level BPE tokenizer (GPT-2 style: every UTF-8 string encodes, no unknown
 token) on a small corpus, the built-in tasks' instructions and the prompt, so that their words are single tokens,
-and appends ``num_bins`` action tokens ``<bin_0>`` ... ``<bin_{N-1}>``: they are the LAST N ids of the vocabulary,
-the ids OpenVLA's action tokens take. It is a ``PreTrainedTokenizerFast``: ``save_pretrained(path)`` writes it beside
+and appends ``num_bins`` action tokens ``<bin_0>`` ... ``<bin_{N-1}>`` (the last N ids here): the bins head reads
+them by name (the ``bin_tokens`` convention of ``action_tokens.py``; a real model family's tokenizer has no such
+tokens and uses its own convention). It is a ``PreTrainedTokenizerFast``: ``save_pretrained(path)`` writes it beside
 the model and ``AutoTokenizer.from_pretrained(path)`` reads it back. Training is deterministic (the same corpus
 gives the same vocabulary and merges), so two policies built from the same arguments tokenize alike.
 
