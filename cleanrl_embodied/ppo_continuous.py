@@ -89,6 +89,9 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run directory, env optio
     """initial log standard deviation of the Gaussian policy"""
     norm_obs: bool = False
     """normalize observations with running mean/std (updated from rollouts only, frozen at eval)"""
+    privileged_critic: bool = False
+    """the critic reads the observation's privileged entry alone (simulator state the actor never sees: PushCubeRL
+    with `privileged_state` in an image mode; docs/env-contract.md); off: the critic shares the actor's input"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return"""
     clip_obs: float = 10.0
@@ -178,7 +181,8 @@ class PixelEncoder(nn.Module):
 
 class Agent(nn.Module):
     """A Gaussian actor (state-independent log-std) and a separate critic, MLPs on the normalized observation
-    (TensorDict observations: their float entries, with images and instructions through a `PixelEncoder`)."""
+    (TensorDict observations: their float entries, with images and instructions through a `PixelEncoder`). With
+    --privileged-critic the critic reads the privileged entry alone (`shared.PRIVILEGED_KEY`); the actor never does."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
@@ -189,15 +193,21 @@ class Agent(nn.Module):
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
         features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
-        self.critic = mlp(features, args.hidden_sizes, 1, out_std=1.0)
+        self.privileged_keys = (shared.PRIVILEGED_KEY,) if args.privileged_critic else ()  # the critic's alone
+        critic_in = shared.privileged_dim(obs_space) if args.privileged_critic else features
+        if args.privileged_critic:
+            self.critic_rms = shared.RunningMeanStd((critic_in,))
+        self.critic = mlp(critic_in, args.hidden_sizes, 1, out_std=1.0)
         self.actor_mean = mlp(features, args.hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), args.init_logstd))
 
+    def normalized(self, x: torch.Tensor, rms: shared.RunningMeanStd) -> torch.Tensor:
+        if not self.norm_obs:
+            return x
+        return ((x - rms.mean) / (rms.var + 1e-8).sqrt()).clamp(-self.clip_obs, self.clip_obs).float()
+
     def features(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        state = shared.float_entries(obs)  # a plain observation tensor as it is
-        if self.norm_obs:
-            std = (self.obs_rms.var + 1e-8).sqrt()
-            state = ((state - self.obs_rms.mean) / std).clamp(-self.clip_obs, self.clip_obs).float()
+        state = self.normalized(shared.float_entries(obs), self.obs_rms)  # a plain observation tensor as it is
         return state if self.encoder is None else self.encoder(obs, state)
 
     def _dist(self, features: torch.Tensor) -> torch.distributions.Normal:
@@ -205,16 +215,21 @@ class Agent(nn.Module):
         std = self.actor_logstd.expand_as(mean).exp()  # validate_args=False: a check would cost a host sync per call
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
+    def _value(self, obs: torch.Tensor | TensorDict, features: torch.Tensor | None) -> torch.Tensor:
+        if self.privileged_keys:
+            return self.critic(self.normalized(shared.privileged_entries(obs), self.critic_rms)).squeeze(-1)
+        return self.critic(features).squeeze(-1)
+
     def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self.critic(features).squeeze(-1)
+        return self._dist(features), self._value(obs, features)
 
     def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self._value(obs, None if self.privileged_keys else self.features(obs))
 
 
 def make_agent(envs, args: Args) -> nn.Module:
@@ -223,6 +238,7 @@ def make_agent(envs, args: Args) -> nn.Module:
     if args.policy is None:
         return Agent(obs_space, act_space, args)
     needs = ("forward", "dist", "get_value") + (("obs_rms",) if args.norm_obs else ())
+    needs += ("critic_rms",) if args.norm_obs and args.privileged_critic else ()
     return shared.build_policy(args.policy, args.policy_kwargs, obs_space, act_space, args, needs)
 
 
@@ -312,7 +328,8 @@ def main(args: Args) -> dict:
     flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also the
     ckpt, ckpt_flag, ckpt_path = shared.load_start(  # layout, the reward trace's meaning and the LR schedule's base
         args.resume, args.eval_checkpoint, ["ppo_continuous", "ppo_ddp"], env_options,
-        same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "policy", "policy_kwargs")},
+        same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "privileged_critic", "policy",
+                                    "policy_kwargs")},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward",
                                            "learning_rate", "anneal_lr")},
     )  # fmt: skip
@@ -325,6 +342,11 @@ def main(args: Args) -> dict:
     eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
+    if args.privileged_critic and not shared.privileged_dim(eval_envs.single_observation_space):
+        example = """--env-kwargs '{"obs_mode": "proprio+rgb", "privileged_state": true}'"""
+        shared.fail(
+            f"--privileged-critic: {args.env_id} observes no '{shared.PRIVILEGED_KEY}' entry (PushCubeRL: {example})"
+        )
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path)
@@ -457,6 +479,8 @@ def main(args: Args) -> dict:
                     break
             if args.norm_obs:  # after the update, so the update saw the statistics the rollout used
                 agent.obs_rms.update(shared.float_entries(storage["obs"], batch_dims=2))  # float entries only
+                if args.privileged_critic:  # the critic's own statistics
+                    agent.critic_rms.update(shared.privileged_entries(storage["obs"], batch_dims=2))
 
             # ---- logging: one host sync per iteration ----
             explained_var = 1 - (batch["returns"] - batch["value"]).var() / batch["returns"].var().clamp_min(1e-8)

@@ -44,6 +44,7 @@ from cleanrl_embodied.shared.runtime import (
     stream_seed,
 )
 from cleanrl_embodied.shared.tensordict_helpers import (
+    PRIVILEGED_KEY,
     flat_dim,
     flatten_obs,
     float_entries,
@@ -51,6 +52,8 @@ from cleanrl_embodied.shared.tensordict_helpers import (
     micro_batches,
     obs_for_checkpoint,
     obs_from_checkpoint,
+    privileged_dim,
+    privileged_entries,
     rollout_storage,
     state_dim,
     token_spaces,
@@ -58,6 +61,7 @@ from cleanrl_embodied.shared.tensordict_helpers import (
 
 __all__ = [
     "BUILTIN_ENV_IDS",
+    "PRIVILEGED_KEY",
     "VOCAB_SIZE",
     "EnvOptions",
     "Evaluator",
@@ -103,6 +107,8 @@ __all__ = [
     "note_schedule_change",
     "obs_for_checkpoint",
     "obs_from_checkpoint",
+    "privileged_dim",
+    "privileged_entries",
     "pick_device",
     "process_group",
     "rng_state",

@@ -13,6 +13,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+PRIVILEGED_KEY = "privileged"
+"""The top-level observation entry that holds privileged state: what a simulator knows and a robot would not (the
+cube's pose, the goal). Only a critic reads it (``--privileged-critic``); float_entries, state_dim and the image
+and instruction finders leave it out, so an actor never sees it (docs/env-contract.md)."""
+
 
 def sorted_leaf_keys(td: TensorDict) -> list[tuple[str, ...]]:
     """All leaf keys of a (nested) TensorDict as tuples, in sorted order of their full path."""
@@ -51,7 +56,8 @@ def image_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[s
     """{key path: Box} of the image leaves of a (nested) Dict observation space, in sorted key order; {} for a Box."""
     if not isinstance(space, gym.spaces.Dict):
         return {prefix: space} if prefix and is_image(space) else {}
-    leaves = {key: box for name, sub in space.spaces.items() for key, box in image_spaces(sub, (*prefix, name)).items()}
+    subs = {name: sub for name, sub in space.spaces.items() if prefix or name != PRIVILEGED_KEY}
+    leaves = {key: box for name, sub in subs.items() for key, box in image_spaces(sub, (*prefix, name)).items()}
     return dict(sorted(leaves.items()))
 
 
@@ -64,29 +70,47 @@ def token_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[s
         return {}
     if is_instruction_space(space):
         return {prefix: space}
-    found = {key: sub for name, sub in space.spaces.items() for key, sub in token_spaces(sub, (*prefix, name)).items()}
+    subs = {name: sub for name, sub in space.spaces.items() if prefix or name != PRIVILEGED_KEY}
+    found = {key: sub for name, sub in subs.items() for key, sub in token_spaces(sub, (*prefix, name)).items()}
     return dict(sorted(found.items()))
 
 
-def _float_boxes(space: gym.Space) -> list[gym.spaces.Box]:
+def _float_boxes(space: gym.Space, top: bool = True) -> list[gym.spaces.Box]:
     if isinstance(space, gym.spaces.Dict):
-        return [box for sub in space.spaces.values() for box in _float_boxes(sub)]
+        subs = [sub for name, sub in space.spaces.items() if not (top and name == PRIVILEGED_KEY)]
+        return [box for sub in subs for box in _float_boxes(sub, top=False)]
     return [space] if np.issubdtype(space.dtype, np.floating) else []
 
 
 def state_dim(space: gym.Space) -> int:
     """Size of :func:`float_entries` for observations of ``space``: all its float entries (not the images, not the
-    instruction tokens)."""
+    instruction tokens, not the privileged entry)."""
     return sum(int(np.prod(box.shape)) for box in _float_boxes(space))
+
+
+def privileged_dim(space: gym.Space) -> int:
+    """Size of :func:`privileged_entries` for observations of ``space`` (0: it has no privileged entry)."""
+    if not isinstance(space, gym.spaces.Dict) or PRIVILEGED_KEY not in space.spaces:
+        return 0
+    return sum(int(np.prod(box.shape)) for box in _float_boxes(space.spaces[PRIVILEGED_KEY], top=False))
+
+
+def privileged_entries(obs: TensorDict, batch_dims: int = 1) -> torch.Tensor:
+    """The privileged entry's floats as one float32 vector per row (sorted key order, as :func:`float_entries`)."""
+    entry = obs.get(PRIVILEGED_KEY)
+    if isinstance(entry, torch.Tensor):
+        return entry.reshape(*entry.shape[:batch_dims], -1).float()
+    return float_entries(entry, batch_dims)
 
 
 def float_entries(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
     """The float part of an observation as one float32 vector per row: a plain tensor as it is, a TensorDict's
     float leaves concatenated in sorted key order (:func:`flatten_obs`'s order), ``[..., 0]`` if it has none.
-    This is what observation normalization sees: images and instruction tokens are never normalized."""
+    This is what observation normalization and an actor see: images and instruction tokens are never normalized,
+    and the privileged entry (:data:`PRIVILEGED_KEY`, a critic's alone) is left out."""
     if isinstance(obs, torch.Tensor):
         return obs
-    leaves = [obs.get(key) for key in sorted_leaf_keys(obs)]
+    leaves = [obs.get(key) for key in sorted_leaf_keys(obs) if key[0] != PRIVILEGED_KEY]
     leaves = [leaf.reshape(*leaf.shape[:batch_dims], -1).float() for leaf in leaves if leaf.is_floating_point()]
     return torch.cat(leaves, dim=-1) if leaves else torch.zeros(*obs.shape[:batch_dims], 0, device=obs.device)
 

@@ -51,6 +51,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared.envs import franka
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, encode_instructions, instruction_space
+from cleanrl_embodied.shared.tensordict_helpers import PRIVILEGED_KEY
 
 CONTROL_DT = 0.05  # seconds per control step (20 Hz)
 JOINT_DELTA_SCALE = 0.1  # default radians per control step at action magnitude 1 (action_mode="joint_delta")
@@ -292,6 +293,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
         tasks: Sequence[str] | None = None,
         instruction_length: int = DEFAULT_INSTRUCTION_LENGTH,
+        privileged_state: bool = False,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
@@ -345,12 +347,16 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             tasks: names of ``TASKS`` drawn uniformly per episode (language-conditioned, see the class
                 docstring); None: the single task of ``goal_direction``.
             instruction_length: bytes of instruction tokens in the observation (with ``tasks``).
+            privileged_state: image modes only: the observation also holds the "state" mode's vector (the cube's
+                and the goal's poses included) under "privileged" (``shared.PRIVILEGED_KEY``), for a critic
+                that sees what the simulator knows (``--privileged-critic``); an actor never reads it.
         """
         ranges = _check_args(locals())
         self.num_envs = int(num_envs)
         self.device = torch.device(device)
         self.render_mode = render_mode
         self.obs_mode = obs_mode
+        self.privileged_state = bool(privileged_state)
         self.action_mode = action_mode
         self.joint_delta_scale = float(joint_delta_scale)
         self.ee_delta_scale = float(ee_delta_scale)
@@ -461,6 +467,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 groups.setdefault(group, {})[name] = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
             nested = {group: gym.spaces.Dict(boxes) for group, boxes in groups.items()}
             self.single_observation_space = gym.spaces.Dict(nested)
+        if self.privileged_state:  # (image modes: the observation is a Dict)
+            spaces = {**self.single_observation_space.spaces, PRIVILEGED_KEY: state_space}
+            self.single_observation_space = gym.spaces.Dict(spaces)
         if self.task_names:  # the instruction joins the observation, which becomes (or stays) a Dict
             spaces = (
                 self.single_observation_space.spaces
@@ -998,6 +1007,12 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         robot's part or all of it), "rgb"}; with tasks each also holds the "instruction". (The rgb modes compute
         the whole flat observation too, so that observation noise draws the same random numbers in every mode and
         a seed gives the same episodes.)"""
+        if self.privileged_state:
+            obs = self._format_untasked(flat_obs, images)
+            obs[PRIVILEGED_KEY] = flat_obs
+            if self.task_names:
+                obs[INSTRUCTION_KEY] = self._task_tokens[self.task]
+            return obs
         if self.task_names:
             obs = self._format_untasked(flat_obs, images)
             if not isinstance(obs, TensorDict):
@@ -1330,6 +1345,13 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
         fail("max_episode_steps", "an integer >= 1")
     if args["obs_mode"] not in OBS_MODES:
         fail("obs_mode", " or ".join(repr(m) for m in OBS_MODES))
+    if not isinstance(args["privileged_state"], (bool, np.bool_)):
+        fail("privileged_state", "true or false")
+    if args["privileged_state"] and args["obs_mode"] not in IMAGE_OBS_MODES:
+        modes = " or ".join(repr(m) for m in IMAGE_OBS_MODES)
+        fail(
+            "privileged_state", f"false with obs_mode {args['obs_mode']!r} (the state is observed); true needs {modes}"
+        )
     size = args["image_size"]
     if not ((_is_int(size) and size >= 1) or (isinstance(size, (list, tuple)) and len(size) == 2
                                                 and all(_is_int(v) and v >= 1 for v in size))):  # fmt: skip

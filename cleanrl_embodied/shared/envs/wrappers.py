@@ -35,7 +35,14 @@ from gymnasium.wrappers.utils import rescale_box
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared.language import encode_instructions, text_to_instruction_space
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim, flatten_obs, image_spaces, is_image, token_spaces
+from cleanrl_embodied.shared.tensordict_helpers import (
+    PRIVILEGED_KEY,
+    flat_dim,
+    flatten_obs,
+    image_spaces,
+    is_image,
+    token_spaces,
+)
 
 
 class EpisodeStatistics(VectorWrapper):
@@ -760,13 +767,14 @@ class GymnasiumToTorch(RenderFirstEnv):
 
 def flattens(space: gym.Space, flatten_obs: bool | None) -> bool:
     """Whether observations of ``space`` get flattened: Dict spaces when ``flatten_obs`` is True, or when it is
-    None (the default) and all their leaves are floats (no image, which is a uint8 ``[C, H, W]`` leaf, and no
-    instruction tokens); never a Box."""
+    None (the default) and all their leaves are floats (no image, which is a uint8 ``[C, H, W]`` leaf, no
+    instruction tokens and no privileged entry, which must stay apart from what an actor reads); never a Box."""
     if flatten_obs not in (None, True, False):
         raise ValueError(
             f"flatten_obs must be true, false or null (flatten unless there are images), got {flatten_obs!r}"
         )
-    wanted = not (image_spaces(space) or token_spaces(space)) if flatten_obs is None else flatten_obs
+    separate = image_spaces(space) or token_spaces(space) or PRIVILEGED_KEY in getattr(space, "spaces", {})
+    wanted = not separate if flatten_obs is None else flatten_obs
     return wanted and isinstance(space, gym.spaces.Dict)
 
 
