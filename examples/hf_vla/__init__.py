@@ -1,4 +1,5 @@
-"""A Hugging Face vision-language-action policy: PaliGemma (SigLIP + Gemma) with LoRA adapters, token-bin or
+"""A Hugging Face vision-language-action policy: PaliGemma (SigLIP + Gemma) or SmolVLM (SigLIP + SmolLM2, SmolVLA's
+backbone) with LoRA adapters, token-bin or
 Gaussian action heads (with action chunks) and a value head: the default ``--policy`` of the VLA trainers
 (ppo_vla.py, ppo_vla_ddp.py, ppo_vla_async.py, grpo_vla.py).
 
@@ -8,8 +9,9 @@ Gaussian action heads (with action chunks) and a value head: the default ``--pol
         --policy-kwargs '{"model_path": "runs/vla_bc"}' --action-head bins --action-bins 16 \\
         --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'
 
-``make_policy`` builds a tiny PaliGemma with random weights (no download) or loads one from a local directory
-(``model_path``: a VLA written by ``HFVLAPolicy.save_pretrained``, or a transformers PaliGemma checkpoint).
+``make_policy`` builds a tiny PaliGemma (or SmolVLM: ``--policy-kwargs '{"model_type": "smolvlm"}'``) with random
+weights (no download) or loads one from a local directory (``model_path``: a VLA written by
+``HFVLAPolicy.save_pretrained``, or a transformers PaliGemma, SmolVLM or Idefics3 checkpoint).
 ``action_tokens.py`` says which vocabulary ids the bins are, per model family; ``statistics.py`` holds the dataset
 statistics actions are decoded and the state normalised with (``dataset_statistics.json`` beside the model).
 docs/VLA.md describes the model, the tokenizer, the heads, LoRA, memory and checkpoints.
@@ -22,7 +24,15 @@ except ImportError as e:  # the trainers' --policy loader prints this as one lin
     raise ImportError(f"examples.hf_vla needs the vla extra (uv sync --extra vla): {e}") from None
 
 from examples.hf_vla.action_tokens import ActionTokenMap, build_action_token_map
-from examples.hf_vla.policy import Bins, HFVLAPolicy, VLAConfig, load_backbone, make_policy, tiny_paligemma
+from examples.hf_vla.policy import (
+    Bins,
+    HFVLAPolicy,
+    VLAConfig,
+    load_backbone,
+    make_policy,
+    tiny_paligemma,
+    tiny_smolvlm,
+)
 from examples.hf_vla.statistics import DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
@@ -39,4 +49,5 @@ __all__ = [
     "load_backbone",
     "make_policy",
     "tiny_paligemma",
+    "tiny_smolvlm",
 ]

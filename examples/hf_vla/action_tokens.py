@@ -20,6 +20,12 @@ Conventions (``build_action_token_map``):
   is ``sp.vocab_size() - 1 - 128 - t`` with the 257,152-piece PaliGemma SentencePiece model, i.e. bin k is id
   ``id(<seg000>) - 1 - k`` = 257,023 - k: it counts down from ``<loc1023>`` through the ``<loc>`` block, skipping
   only the ``<seg>`` block, ``<image>`` and padding. N equal cells, decoded at their centres.
+- ``"smolvlm"``: the top of SmolLM2's 49,152-token text vocabulary, counting down from the id below ``<global-img>``
+  (the first of the 128 tokens SmolVLM appends): bin k is id ``id(<global-img>) - 1 - k`` (49,151 - k in SmolVLM and
+  SmolVLM2, whose tokenizer and LM head have 49,280). It skips, above the bins, ``<global-img>``, the 36
+  ``<row_r_col_c>`` tile markers, ``<fake_token_around_image>``, ``<image>``, 88 reserved special tokens and
+  ``<end_of_utterance>``: OpenVLA's choice (the least used tokens of the base text vocabulary) made on SmolLM2's, the
+  same ids as ``openvla``'s ``tokenizer.vocab_size - 1 - k`` there. N equal cells, decoded at their centres.
 - ``"openvla"``: OpenVLA's ``ActionTokenizer``: bin k is id ``tokenizer.vocab_size - 1 - k`` (the base vocabulary's
   size without added tokens: 31,999 - k on Llama-2, whose LM head has 32,064 rows: 32,000 is ``<PAD>``, the other
   63 are padding). Its binning too: an action x in [-1, 1] is ``np.digitize(x, np.linspace(-1, 1, N)) - 1``, and
@@ -37,7 +43,7 @@ import numpy as np
 
 __all__ = ["CONVENTIONS", "ActionTokenMap", "build_action_token_map"]
 
-CONVENTIONS = ("bin_tokens", "paligemma", "openpi", "openvla")
+CONVENTIONS = ("bin_tokens", "paligemma", "openpi", "smolvlm", "openvla")
 
 
 def uniform_cells(num_bins: int) -> tuple[list[float], list[float]]:
@@ -133,14 +139,24 @@ class ActionTokenMap:
             raise ValueError(f"{what}: edges must not decrease and values must lie in [-1, 1]")
 
 
+BLOCKS = (
+    (r"<loc\d+>", "<loc>"),  # PaliGemma's
+    (r"<seg\d+>", "<seg>"),
+    (r"<row_\d+_col_\d+>", "<row_r_col_c>"),  # SmolVLM's
+    (r"<\|reserved_special_token_\d+\|>", "<|reserved_special_token_k|>"),
+)
+"""Numbered tokens that ``skipped`` records as one run each: (pattern, the run's name)."""
+
+
 def _skipped(tokenizer, top: int, lm_rows: int) -> tuple[tuple[int, int, str], ...]:
-    """The rows above ``top`` grouped into runs: ``<loc>``/``<seg>`` blocks, single tokens, then LM-head padding."""
+    """The rows above ``top`` grouped into runs: blocks of numbered tokens (``BLOCKS``), single tokens, then LM-head
+    padding."""
     runs: list[list] = []
     size = len(tokenizer)
     names = tokenizer.convert_ids_to_tokens(list(range(top + 1, size))) if top + 1 < size else []
     for i, name in zip(range(top + 1, size), names):
-        block = re.fullmatch(r"<(loc|seg)\d+>", name or "")
-        kind = f"<{block.group(1)}>" if block else str(name)
+        block = next((kind for pattern, kind in BLOCKS if re.fullmatch(pattern, name or "")), None)
+        kind = block or str(name)
         if runs and block and runs[-1][2] == kind and runs[-1][1] == i - 1:
             runs[-1][1] = i
         else:
@@ -177,6 +193,15 @@ def build_action_token_map(convention: str, tokenizer, lm_rows: int, num_bins: i
                 f"action tokens {convention}: the tokenizer has no {anchor}, so it is not PaliGemma's vocabulary "
                 f"(Gemma's text tokens, <loc0000>..<loc1023>, <seg000>..<seg127>, <image>); choose another "
                 f"action_tokens ({', '.join(CONVENTIONS)})"
+            )
+        ids = [first - 1 - k for k in range(num_bins)]
+    elif convention == "smolvlm":
+        first = token_id("<global-img>")
+        if first is None:
+            raise ValueError(
+                "action tokens smolvlm: the tokenizer has no <global-img>, so it is not SmolVLM's vocabulary "
+                "(SmolLM2's text tokens, then <global-img>, <row_r_col_c>, <fake_token_around_image>, <image>, ...); "
+                f"choose another action_tokens ({', '.join(CONVENTIONS)})"
             )
         ids = [first - 1 - k for k in range(num_bins)]
     elif convention == "openvla":

@@ -1,12 +1,14 @@
-"""The VLA policy: a transformers vision-language model (PaliGemma: SigLIP + Gemma) with LoRA adapters (peft), action
-heads on its last hidden state, and a value head; the VLA trainers' ``--policy`` contract (docs/POLICIES.md,
-docs/VLA.md).
+"""The VLA policy: a transformers vision-language model (PaliGemma: SigLIP + Gemma; SmolVLM / Idefics3: SigLIP, a
+pixel-shuffle connector and a Llama-style SmolLM2) with LoRA adapters (peft), action heads on its last hidden state,
+and a value head; the VLA trainers' ``--policy`` contract (docs/POLICIES.md, docs/VLA.md).
 
 One forward pass reads the sequence
 
     [image tokens (SigLIP patches, projected)] [state token, if the env gives "state"] [prompt] [K*D action slots]
 
-with bidirectional attention over all of it (PaliGemma's prefix attention; OpenVLA-OFT's parallel decoding): the
+(SmolVLM's image tokens sit between its processor's markers: ``<fake_token_around_image> <global-img>`` ...
+``<fake_token_around_image>``, one global image, no tiles) with bidirectional attention over all of it (PaliGemma's
+prefix attention; OpenVLA-OFT's parallel decoding; SmolVLA's prefix over image and language): the
 image resized and normalised as the family's processor does (PaliGemma: bicubic, mean and std 0.5), the state
 normalised with the dataset statistics, the prompt with the family's suffix (PaliGemma's processor ends the prefix
 with a newline), and the action slots ``<act>`` placeholder tokens plus a learned query per slot (Gemma's vocabulary
@@ -51,7 +53,16 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
-from transformers import AutoTokenizer, PaliGemmaConfig, PaliGemmaForConditionalGeneration
+from transformers import (
+    AutoTokenizer,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    PaliGemmaConfig,
+    PaliGemmaForConditionalGeneration,
+    SmolVLMConfig,
+    SmolVLMForConditionalGeneration,
+)
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.utils import logging as hf_logging
 
 from cleanrl_embodied.shared.cli import fail
@@ -60,7 +71,17 @@ from examples.hf_vla.action_tokens import CONVENTIONS, ActionTokenMap, build_act
 from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
-__all__ = ["FAMILIES", "Bins", "Family", "HFVLAPolicy", "VLAConfig", "load_backbone", "make_policy", "tiny_paligemma"]
+__all__ = [
+    "FAMILIES",
+    "Bins",
+    "Family",
+    "HFVLAPolicy",
+    "VLAConfig",
+    "load_backbone",
+    "make_policy",
+    "tiny_paligemma",
+    "tiny_smolvlm",
+]
 
 
 class Bins(torch.distributions.Distribution):
@@ -121,7 +142,9 @@ def decode_bins(index: torch.Tensor, low: torch.Tensor, high: torch.Tensor, num_
 class Family:
     """What a model family fixes besides its class: the action tokens' convention for a checkpoint of it
     (``action_tokens.py``), and what its processor does to the inputs: the text after the prompt, the image's
-    resampling and normalisation (a checkpoint's ``preprocessor_config.json`` overrides the last two)."""
+    resampling and normalisation (a checkpoint's ``preprocessor_config.json`` overrides the last two); which forward
+    the policy runs it with (``forward``: ``"paligemma"`` or ``"idefics3"``, ``HFVLAPolicy.image_tokens`` and
+    ``HFVLAPolicy.language_model``), and the tokens its processor puts before and after an image's tokens."""
 
     model_class: type
     action_tokens: str
@@ -129,13 +152,36 @@ class Family:
     image_resample: str
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    forward: str = "paligemma"
+    image_start: tuple[str, ...] = ()
+    image_end: tuple[str, ...] = ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The image markers, each once (what a fresh tokenizer adds)."""
+        return tuple(dict.fromkeys(self.image_start + self.image_end))
+
+
+SMOLVLM_IMAGE = {
+    "image_start": ("<fake_token_around_image>", "<global-img>"),
+    "image_end": ("<fake_token_around_image>",),
+}
+"""SmolVLM's processor around one global image (no tiles): ``<fake_token_around_image><global-img>``, the
+``<image>`` tokens, ``<fake_token_around_image>``."""
 
 
 FAMILIES = {
     # PaliGemmaProcessor: "<image>"*n + "<bos>" + prompt + "\n"; SiglipImageProcessor: bicubic resize of the 8-bit
     # image, then (x / 255 - 0.5) / 0.5
     "paligemma": Family(PaliGemmaForConditionalGeneration, "paligemma", "\n", "bicubic", (0.5,) * 3, (0.5,) * 3),
-}
+    # SmolVLM2 (SmolVLA's backbone, SmolVLM2-500M-Video-Instruct) and SmolVLM (Idefics3's classes): SigLIP, the
+    # pixel-shuffle connector, SmolLM2. Images as SmolVLA prepares them: bilinear resize (its processor's LANCZOS
+    # has no torch equivalent), then (x / 255 - 0.5) / 0.5; prompts end with a newline as SmolVLA's tasks do.
+    "smolvlm": Family(SmolVLMForConditionalGeneration, "smolvlm", "\n", "bilinear", (0.5,) * 3, (0.5,) * 3,
+                      "idefics3", **SMOLVLM_IMAGE),
+    "idefics3": Family(Idefics3ForConditionalGeneration, "smolvlm", "\n", "bilinear", (0.5,) * 3, (0.5,) * 3,
+                       "idefics3", **SMOLVLM_IMAGE),
+}  # fmt: skip
 """``model_type`` (config.json) -> its family; the policy's forward is written for these."""
 MODEL_CLASSES = {name: family.model_class for name, family in FAMILIES.items()}
 VLA_CONFIG = "vla_config.json"
@@ -236,6 +282,54 @@ def tiny_paligemma(
     )
 
 
+def tiny_smolvlm(
+    vocab_size: int,
+    image_size: tuple[int, int],
+    special_ids: dict[str, int],
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int = 128,
+    patch_size: int = 8,
+    scale_factor: int = 2,
+    model_type: str = "smolvlm",
+) -> SmolVLMConfig | Idefics3Config:
+    """A SmolVLM (``model_type`` "smolvlm", SmolVLM2's classes) or Idefics3 ("idefics3", SmolVLM's) config small enough
+    for a CPU: a SigLIP vision tower and a Llama-style text model (SmolLM2's architecture; one key/value head) of
+    ``num_layers`` layers of width ``hidden_size``, square images of the env's size in ``patch_size`` patches, and the
+    connector's pixel shuffle by ``scale_factor`` (``(side / patch_size / scale_factor) ** 2`` image tokens). The LM
+    head is not tied to the embedding (SmolVLM2-500M's is not)."""
+    config_class = SmolVLMConfig if model_type == "smolvlm" else Idefics3Config
+    return config_class(
+        vision_config=dict(
+            model_type=f"{model_type}_vision",
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            image_size=image_size[0],
+            patch_size=patch_size,
+        ),
+        text_config=dict(
+            model_type="llama",
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=1,
+            head_dim=hidden_size // num_heads,
+            vocab_size=vocab_size,
+            pad_token_id=special_ids["pad"],
+            bos_token_id=special_ids["bos"],
+            eos_token_id=special_ids["eos"],
+            tie_word_embeddings=False,
+        ),
+        image_token_id=special_ids["image"],
+        scale_factor=scale_factor,
+        tie_word_embeddings=False,
+    )
+
+
 def mlp(in_dim: int, hidden: int, out_dim: int, out_std: float) -> nn.Sequential:
     last = nn.Linear(hidden, out_dim)
     nn.init.orthogonal_(last.weight, out_std)
@@ -285,6 +379,11 @@ class HFVLAPolicy(nn.Module):
         super().__init__()
         self.config, self.tokenizer = config, tokenizer
         self.model_type = config.model_type
+        model_type = backbone.config.model_type
+        family = FAMILIES.get(model_type)
+        if family is None:
+            raise ValueError(f"the backbone's model_type {model_type!r} is none of {', '.join(FAMILIES)}")
+        self.family = family
         lora_config = LoraConfig(
             r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["targets"], lora_dropout=0.0, bias="none"
         )
@@ -318,6 +417,12 @@ class HFVLAPolicy(nn.Module):
         self.set_statistics(statistics)
         act = tokenizer.convert_tokens_to_ids("<act>")
         self.act_id = act if isinstance(act, int) and act != tokenizer.unk_token_id else self._pad_id()
+        for name, markers in (("image_start_ids", family.image_start), ("image_end_ids", family.image_end)):
+            ids = tokenizer.convert_tokens_to_ids(list(markers))
+            missing = [m for m, i in zip(markers, ids) if not isinstance(i, int) or i == tokenizer.unk_token_id]
+            if missing:
+                raise ValueError(f"the tokenizer has no {missing[0]}, which {model_type} puts around images")
+            self.register_buffer(name, torch.tensor(ids, dtype=torch.long), persistent=False)
         self.prompts = PromptCache(tokenizer, config.prompt_format + config.prompt_suffix)
         self._fixed_prompt = self.prompts.texts([config.instruction]) if config.instruction is not None else None
         vision = self.backbone.config.vision_config
@@ -358,10 +463,10 @@ class HFVLAPolicy(nn.Module):
 
     def features(self, obs: TensorDict, head: ActionHead) -> tuple[torch.Tensor, torch.Tensor]:
         """The last hidden states at the action slots [B, K*D, H] and their mean over the sequence [B, H]."""
-        model = self.backbone.model  # PaliGemmaModel: vision tower, projector, language model
+        model = self.backbone.model  # the family's base model: vision tower, projector or connector, language model
         embed = model.get_input_embeddings()
         dtype = embed.weight.dtype
-        image = model.get_image_features(pixel_values=self.pixels(obs["rgb"], dtype)).pooler_output.to(dtype)
+        image = self.image_tokens(self.pixels(obs["rgb"], dtype)).to(dtype)
         ids, mask = self._prompt(obs)
         batch = ids.shape[0]
         parts, masks = [image], [torch.ones(image.shape[:2], dtype=mask.dtype, device=mask.device)]
@@ -372,18 +477,56 @@ class HFVLAPolicy(nn.Module):
         parts += [embed(ids), slots]
         masks += [mask, torch.ones((batch, self.num_slots), dtype=mask.dtype, device=mask.device)]
         attention_mask = torch.cat(masks, 1)
-        out = model(
-            inputs_embeds=torch.cat(parts, 1),
-            attention_mask=attention_mask,
-            position_ids=attention_mask.cumsum(-1),  # 1-based like PaliGemma's, unchanged by the left padding
-            token_type_ids=torch.zeros_like(attention_mask),  # all prefix: bidirectional attention
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state
+        hidden = self.language_model(torch.cat(parts, 1), attention_mask)
         valid = attention_mask.bool()[..., None]
         pooled = torch.where(valid, hidden, 0.0).sum(1) / valid.sum(1)
         # contiguous: a strided input lets CPU matmuls round differently for equal weights at other addresses
         return hidden[:, -self.num_slots :].contiguous(), pooled
+
+    def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The vision tower's input [B, 3, h, w] -> the image's embeddings in the language model [B, n, H].
+
+        PaliGemma: SigLIP and the projector. Idefics3 / SmolVLM: one global image, no tiles (what SmolVLA feeds
+        it): SigLIP's last hidden state through the connector (pixel shuffle by ``scale_factor``, a linear map; the
+        model's own ``image_seq_len`` tokens), between the embeddings of the processor's markers
+        (``<fake_token_around_image> <global-img>`` ... ``<fake_token_around_image>``): what the model's forward
+        computes for ``input_ids`` with those markers around ``image_seq_len`` ``<image>`` tokens and
+        ``pixel_values`` [B, 1, 3, h, w] (tested), without its host sync over which images are padding."""
+        model = self.backbone.model
+        if self.family.forward == "paligemma":
+            return model.get_image_features(pixel_values=pixels).pooler_output
+        tokens = model.connector(model.vision_model(pixel_values=pixels).last_hidden_state)
+        embed = model.get_input_embeddings()
+        batch = tokens.shape[0]
+        start, end = (embed(ids).to(tokens.dtype)[None].expand(batch, -1, -1)
+                      for ids in (self.image_start_ids, self.image_end_ids))  # fmt: skip
+        return torch.cat([start, tokens, end], 1)
+
+    def language_model(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The language model's last hidden states [B, L, H] over ``embeds`` [B, L, H], with bidirectional attention
+        among the tokens ``attention_mask`` [B, L] keeps, positions numbered from it (so left padding changes
+        nothing)."""
+        model = self.backbone.model
+        if self.family.forward == "paligemma":
+            return model(
+                inputs_embeds=embeds,
+                attention_mask=attention_mask,
+                position_ids=attention_mask.cumsum(-1),  # 1-based like PaliGemma's, unchanged by the left padding
+                token_type_ids=torch.zeros_like(attention_mask),  # all prefix: bidirectional attention
+                use_cache=False,
+            ).last_hidden_state
+        # Idefics3 / SmolVLM: SmolLM2 is causal; a 4D mask that lets every token see every kept token, in the form
+        # the model's attention implementation takes (transformers passes a 4D mask through as it is)
+        text = model.text_model
+        mask = create_bidirectional_mask(text.config, embeds, attention_mask, allow_is_bidirectional_skip=False)
+        if len(getattr(mask, "shape", ())) != 4:
+            raise RuntimeError(
+                f"examples.hf_vla: attention implementation {text.config._attn_implementation!r} takes no 4D mask, "
+                "which the bidirectional attention needs (use sdpa or eager)"
+            )
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # 0-based like Llama's
+        out = text(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False)
+        return out.last_hidden_state
 
     def pixels(self, rgb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """uint8 images [B, 3, H, W] -> the vision tower's input: resized to its size as the family's processor does
@@ -518,7 +661,9 @@ class HFVLAPolicy(nn.Module):
 
 
 # ---- the factory ------------------------------------------------------------------------------------------------
-ARCHITECTURE_KWARGS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size")
+ARCHITECTURE_KWARGS = ("model_type", "hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size",
+                       "scale_factor")  # fmt: skip
+PATCH_SIZE = {"paligemma": 16, "smolvlm": 8, "idefics3": 8}  # a fresh model's default patch size
 HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens")
 RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd")
 STATS_KWARGS = ("action_stats", "unnorm_key")
@@ -532,7 +677,13 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         fail(f"--policy-kwargs: unknown key(s) {unknown} for examples.hf_vla (allowed: {', '.join(known)})")
-    ints = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size", "head_hidden", "lora_rank")
+    model_type = kwargs.get("model_type", "paligemma")
+    if model_type not in FAMILIES:
+        fail(f"--policy-kwargs: model_type must be one of {', '.join(FAMILIES)}, got {model_type!r}")
+    if "scale_factor" in kwargs and FAMILIES[model_type].forward != "idefics3":
+        fail(f"--policy-kwargs: scale_factor is the smolvlm connector's pixel shuffle; model_type is {model_type}")
+    ints = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size", "scale_factor", "head_hidden",
+            "lora_rank")  # fmt: skip
     for name in ints:
         value = kwargs.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -631,7 +782,7 @@ def load_backbone(
     if not (path / "config.json").is_file():
         fail(
             f"--policy-kwargs model_path {model_path!r}: not a directory holding config.json (a VLA written by "
-            "save_pretrained, or a local transformers checkpoint such as PaliGemma's)"
+            "save_pretrained, or a local transformers checkpoint such as PaliGemma's or SmolVLM's)"
         )
     vla = json.loads((path / VLA_CONFIG).read_text()) if (path / VLA_CONFIG).is_file() else None
     try:
@@ -707,11 +858,13 @@ def _statistics(kwargs: dict[str, Any], env: dict[str, Any], config: VLAConfig) 
 
 
 def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> HFVLAPolicy:
-    """``--policy examples.hf_vla:make_policy``: a fresh tiny PaliGemma (random weights from ``tiny_paligemma``
-    and a tokenizer from ``build_tokenizer``), or the model at ``model_path`` (a VLA this module saved, or a
-    transformers checkpoint), with LoRA adapters and heads for this env's spaces and the trainer's
+    """``--policy examples.hf_vla:make_policy``: a fresh tiny model of family ``model_type`` (``"paligemma"``, random
+    weights from ``tiny_paligemma``; ``"smolvlm"`` or ``"idefics3"``, from ``tiny_smolvlm``) with a tokenizer from
+    ``build_tokenizer``, or the model at ``model_path`` (a VLA this module saved, or a transformers checkpoint of a
+    family in ``FAMILIES``), with LoRA adapters and heads for this env's spaces and the trainer's
     ``--action-head/--action-bins/--action-chunk``. ``--policy-kwargs`` keys (docs/VLA.md): architecture
-    (``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``: fresh builds only),
+    (``model_type``, ``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``,
+    ``scale_factor``: fresh builds only),
     heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``,
     ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; all fixed by a saved VLA),
     statistics (``action_stats``: "env_bounds" or a statistics file, default the model directory's
@@ -737,12 +890,16 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
         torch.manual_seed(kwargs.get("init_seed", 0))
         saved = None
         if model_path is None:
-            config = VLAConfig(**env, **config_kwargs)
-            tokenizer = build_tokenizer(default_corpus(config.prompt_format), config.action_bins)
-            special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
             arch = {k: kwargs[k] for k in ARCHITECTURE_KWARGS if k in kwargs}
+            model_type = arch.pop("model_type", "paligemma")
+            family = FAMILIES[model_type]
+            config = VLAConfig(model_type=model_type, prompt_suffix=family.prompt_suffix,
+                               image_resample=family.image_resample, image_mean=list(family.image_mean),
+                               image_std=list(family.image_std), **env, **config_kwargs)  # fmt: skip
+            tokenizer = build_tokenizer(default_corpus(config.prompt_format), config.action_bins, family.markers)
+            special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
             size = config.image_size
-            patch = arch.get("patch_size", 16)
+            patch = arch.setdefault("patch_size", PATCH_SIZE[model_type])
             if size[0] != size[1] or size[0] % patch:
                 fail(
                     f"examples.hf_vla: a fresh model needs square images whose side divides into {patch}-pixel "
@@ -751,7 +908,18 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
                 )
             if arch.get("hidden_size", 64) % arch.get("num_heads", 4):
                 fail("--policy-kwargs: hidden_size must be a multiple of num_heads")
-            backbone = PaliGemmaForConditionalGeneration(tiny_paligemma(len(tokenizer), size, special, **arch))
+            if family.forward == "paligemma":
+                backbone = family.model_class(tiny_paligemma(len(tokenizer), size, special, **arch))
+            else:
+                scale = arch.get("scale_factor", 2)
+                if (size[0] // patch) % scale:
+                    fail(
+                        f"examples.hf_vla: {model_type}'s connector shuffles {scale}x{scale} patches into one token, "
+                        f"and {size[0]}x{size[0]} images make {size[0] // patch}x{size[0] // patch} patches of "
+                        f"{patch} pixels (--policy-kwargs patch_size or scale_factor)"
+                    )
+                tiny = tiny_smolvlm(len(tokenizer), size, special, model_type=model_type, **arch)
+                backbone = family.model_class(tiny)
             backbone = backbone.to(DTYPES[kwargs.get("dtype", "float32")])
             convention = kwargs.get("action_tokens", "bin_tokens")
         else:

@@ -2,7 +2,8 @@
 
 :func:`build_tokenizer` trains a byte-level BPE tokenizer (GPT-2 style: every UTF-8 string encodes, no unknown
 token) on a small corpus, the built-in tasks' instructions and the prompt, so that their words are single tokens,
-and appends ``num_bins`` action tokens ``<bin_0>`` ... ``<bin_{N-1}>`` (the last N ids here): the bins head reads
+and appends a family's image markers if it has any (SmolVLM's ``<fake_token_around_image>``, ``<global-img>``), then
+``num_bins`` action tokens ``<bin_0>`` ... ``<bin_{N-1}>`` (the last N ids here): the bins head reads
 them by name (the ``bin_tokens`` convention of ``action_tokens.py``; a real model family's tokenizer has no such
 tokens and uses its own convention). It is a ``PreTrainedTokenizerFast``: ``save_pretrained(path)`` writes it beside
 the model and ``AutoTokenizer.from_pretrained(path)`` reads it back. Training is deterministic (the same corpus
@@ -15,7 +16,7 @@ matched against the known instructions with one tensor comparison (no Python loo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -37,9 +38,10 @@ def default_corpus(prompt_format: str) -> list[str]:
     return [prompt_format.format(instruction=text) for _, text in TASKS.values()]
 
 
-def build_tokenizer(corpus: Iterable[str], num_bins: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], num_bins: int, extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer whose merges make every word of ``corpus`` one token, with ``SPECIAL_TOKENS`` first,
-    ``<bos>`` prepended to every encoded text, and ``num_bins`` action tokens as the last ids."""
+    ``<bos>`` prepended to every encoded text, ``extra_tokens`` (special) after the learned vocabulary, and
+    ``num_bins`` action tokens as the last ids."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -55,6 +57,8 @@ def build_tokenizer(corpus: Iterable[str], num_bins: int) -> PreTrainedTokenizer
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
     )
+    if extra_tokens:
+        fast.add_tokens(list(extra_tokens), special_tokens=True)
     fast.add_tokens([f"<bin_{i}>" for i in range(num_bins)], special_tokens=True)  # appended: the last N ids
     return fast
 
