@@ -6,11 +6,16 @@ the bins read, pinned, on
   <end_of_turn> 107), then <loc0000>..<loc1023> (256,000-257,023), <seg000>..<seg127> (257,024-257,151) and
   <image> 257,152: a tokenizer of 257,153 tokens, and an LM head of 257,216 rows (63 padding rows no token has);
 - OpenVLA's: Llama-2's 32,000 tokens (<unk> 0, <s> 1, </s> 2, the 256 byte tokens 3-258) plus the <PAD> OpenVLA
-  adds (32,000), and an LM head of 32,064 rows.
+  adds (32,000), and an LM head of 32,064 rows;
+- SmolVLM2's (SmolVLA's backbone, SmolVLM2-500M-Video-Instruct; SmolVLM's is the same): SmolLM2's 49,152 tokens (its
+  17 special tokens <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, ..., <empty_output> 16), then the 128 SmolVLM adds:
+  <global-img> 49,152, <row_1_col_1>..<row_6_col_6> 49,153-49,188, <fake_token_around_image> 49,189, <image> 49,190,
+  <|reserved_special_token_0..87|> 49,191-49,278, <end_of_utterance> 49,279: 49,280 tokens and LM-head rows.
 
-The models have the real vocabulary sizes and special-token positions, one layer, the smallest widths and random
-weights, saved to a directory and loaded with ``from_pretrained`` as a real checkpoint is. The text tokens are
-placeholders (``t<id>``): what is pinned is positions, not Gemma's or Llama's pieces."""
+The models (PaliGemma for the first two, SmolVLM for the third) have the real vocabulary sizes and special-token
+positions, one layer, the smallest widths and random weights, saved to a directory and loaded with
+``from_pretrained`` as a real checkpoint is. The text tokens are placeholders (``t<id>``): what is pinned is
+positions, not Gemma's, Llama's or SmolLM2's pieces."""
 
 from __future__ import annotations
 
@@ -31,16 +36,17 @@ except ImportError:
 
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PaliGemmaForConditionalGeneration, PreTrainedTokenizerFast
+from transformers import PaliGemmaForConditionalGeneration, PreTrainedTokenizerFast, SmolVLMForConditionalGeneration
 
 from cleanrl_embodied.shared.envs import make_env
-from examples.hf_vla import make_policy, tiny_paligemma
+from examples.hf_vla import make_policy, tiny_paligemma, tiny_smolvlm
 from examples.hf_vla.action_tokens import ActionTokenMap, build_action_token_map
 
 SIZE = 32
 ENV_KWARGS = {"obs_mode": "rgb", "image_size": SIZE, "action_mode": "ee_delta_pos"}
 PALIGEMMA_TOKENS, PALIGEMMA_ROWS = 257_153, 257_216
 LLAMA_TOKENS, OPENVLA_ROWS = 32_000, 32_064
+SMOLLM2_TOKENS, SMOLVLM_TOKENS = 49_152, 49_280
 
 
 @pytest.fixture(autouse=True)
@@ -219,3 +225,81 @@ def test_gemma_conventions_refuse_the_llama_vocabulary(openvla_dir):
         load(openvla_dir, 16)  # a plain PaliGemma-class checkpoint: the paligemma convention by default
     msg = str(e.value.code)
     assert msg.startswith("error: ") and "\n" not in msg and "<loc0000>" in msg and "action_tokens" in msg
+
+
+# ---- SmolVLM2 -----------------------------------------------------------------------------------------------------
+SMOLLM2_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>",
+    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>",
+    "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>",
+]  # fmt: skip
+SMOLVLM_ADDED = (["<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+                 + ["<fake_token_around_image>", "<image>"]
+                 + [f"<|reserved_special_token_{i}|>" for i in range(88)] + ["<end_of_utterance>"])  # fmt: skip
+
+
+def smolvlm_tokenizer() -> PreTrainedTokenizerFast:
+    """SmolVLM2's layout: SmolLM2's 49,152 (its 17 special tokens first), then SmolVLM's 128 added tokens in order;
+    bos <|im_start|>, eos <end_of_utterance>, pad <|im_end|>, unk <|endoftext|> as its tokenizer_config names them."""
+    names = dict(enumerate(SMOLLM2_SPECIAL))
+    vocab = {names.get(i, f"t{i}"): i for i in range(SMOLLM2_TOKENS)}
+    tokenizer = word_level(vocab, "<|endoftext|>", bos_token="<|im_start|>", pad_token="<|im_end|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": SMOLLM2_SPECIAL[3:]})  # in the vocabulary: ids kept
+    tokenizer.add_tokens(SMOLVLM_ADDED, special_tokens=True)  # appended in order: 49,152 ... 49,279
+    tokenizer.add_special_tokens({"eos_token": "<end_of_utterance>"})
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def smolvlm_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("smolvlm2_layout")
+    tokenizer = smolvlm_tokenizer()
+    assert len(tokenizer) == SMOLVLM_TOKENS and tokenizer.vocab_size == SMOLLM2_TOKENS
+    ids = tokenizer.convert_tokens_to_ids(["<global-img>", "<row_6_col_6>", "<fake_token_around_image>", "<image>",
+                                           "<end_of_utterance>", "<empty_output>"])  # fmt: skip
+    assert ids == [49_152, 49_188, 49_189, 49_190, 49_279, 16]
+    special = {"pad": 2, "bos": 1, "eos": 49_279, "image": 49_190}
+    torch.manual_seed(0)
+    config = tiny_smolvlm(SMOLVLM_TOKENS, (SIZE, SIZE), special, hidden_size=16, num_layers=1, num_heads=2,
+                          intermediate_size=32)  # fmt: skip
+    SmolVLMForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("bins", [16, 256])
+def test_smolvlm_bins_are_the_top_of_smollm2s_text_vocabulary(smolvlm_dir, bins):
+    policy, env = load(smolvlm_dir, bins)
+    ids = list(policy.token_map.ids)
+    assert isinstance(policy.backbone, SmolVLMForConditionalGeneration)
+    assert policy.token_map.convention == "smolvlm"  # the family's default for a plain SmolVLM checkpoint
+    assert ids[:3] == [49_151, 49_150, 49_149] and ids[-1] == 49_152 - bins
+    assert ids == list(range(49_151, 49_151 - bins, -1))  # bin k -> id 49,151 - k
+    assert policy.tokenizer.convert_ids_to_tokens([ids[0], ids[-1]]) == ["t49151", f"t{49_152 - bins}"]
+    assert policy.token_map.skipped == (
+        (49_152, 49_152, "<global-img>"),
+        (49_153, 49_188, "<row_r_col_c>"),
+        (49_189, 49_189, "<fake_token_around_image>"),
+        (49_190, 49_190, "<image>"),
+        (49_191, 49_278, "<|reserved_special_token_k|>"),
+        (49_279, 49_279, "<end_of_utterance>"),
+    )
+    assert policy.config.action_tokens["ids"] == ids
+    assert policy.backbone.get_output_embeddings().weight.shape[0] == SMOLVLM_TOKENS
+    assert policy.image_start_ids.tolist() == [49_189, 49_152] and policy.image_end_ids.tolist() == [49_189]
+    reads_rows(policy, env, ids)
+    # OpenVLA's count from the base vocabulary reads the same rows here
+    openvla = build_action_token_map("openvla", policy.tokenizer, SMOLVLM_TOKENS, bins)
+    assert list(openvla.ids) == ids
+
+
+def test_smolvlm_conventions_refuse_what_is_not_their_vocabulary(smolvlm_dir, paligemma_dir):
+    tokenizer = AutoTokenizerFrom(smolvlm_dir)
+    with pytest.raises(ValueError, match="special tokens"):  # so many bins that they reach <empty_output> (id 16)
+        build_action_token_map("smolvlm", tokenizer, SMOLVLM_TOKENS, 49_136)
+    assert build_action_token_map("smolvlm", tokenizer, SMOLVLM_TOKENS, 49_135).ids[-1] == 17
+    with pytest.raises(SystemExit) as e:  # a PaliGemma convention on SmolVLM's vocabulary
+        load(smolvlm_dir, 16, action_tokens="paligemma")
+    assert "<loc0000>" in str(e.value.code) and "\n" not in str(e.value.code)
+    with pytest.raises(ValueError, match="<global-img>"):  # and SmolVLM's on PaliGemma's
+        build_action_token_map("smolvlm", AutoTokenizerFrom(paligemma_dir), PALIGEMMA_ROWS, 16)
