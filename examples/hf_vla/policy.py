@@ -384,6 +384,13 @@ class HFVLAPolicy(nn.Module):
         if family is None:
             raise ValueError(f"the backbone's model_type {model_type!r} is none of {', '.join(FAMILIES)}")
         self.family = family
+        if family.forward == "idefics3":
+            attention = backbone.model.text_model.config._attn_implementation or ""
+            if "flash" in attention:
+                raise ValueError(
+                    f"attention implementation {attention!r} takes no 4D mask, which {model_type}'s bidirectional "
+                    "attention here needs (sdpa or eager)"
+                )
         lora_config = LoraConfig(
             r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["targets"], lora_dropout=0.0, bias="none"
         )
