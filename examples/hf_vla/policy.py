@@ -187,6 +187,9 @@ MODEL_CLASSES = {name: family.model_class for name, family in FAMILIES.items()}
 VLA_CONFIG = "vla_config.json"
 HEADS_FILE = "heads.safetensors"
 DEFAULT_LORA_TARGETS = "all-linear"
+UNUSED_MODULES = r".*vision_tower\.head\..*"
+"""Modules no action depends on, which get no adapters: SigLIP's attention-pooling head (PaliGemma reads the patch
+embeddings, not the pooled one), whose adapters would never receive a gradient."""
 r"""peft's every linear layer but the LM head: the vision tower's, the projector's and the language model's (OpenVLA's
 LoRA choice). A regex selects fewer, e.g. r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"."""
 RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes in a preprocessor_config.json
@@ -392,7 +395,12 @@ class HFVLAPolicy(nn.Module):
                     "attention here needs (sdpa or eager)"
                 )
         lora_config = LoraConfig(
-            r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["targets"], lora_dropout=0.0, bias="none"
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
+            target_modules=lora["targets"],
+            lora_dropout=0.0,
+            bias="none",
+            exclude_modules=UNUSED_MODULES,
         )
         with quiet():
             self.vlm = get_peft_model(backbone, lora_config)  # freezes every base parameter

@@ -1,0 +1,160 @@
+"""Peak CPU memory of examples/hf_vla at PaliGemma-3B's real widths, 1 and 2 layers, loaded from a directory:
+
+    uv run python benchmarks/vla_memory.py                      # --layers 1 2, ~10 min on a 2-core CPU
+    uv run python benchmarks/vla_memory.py --layers 1 --out /tmp/mem
+
+For each depth L (L Gemma layers and L SigLIP layers; Gemma 2B's and SigLIP so400m's widths, vocabulary 257,216)
+a policy with random bf16 weights is built and saved with `save_pretrained` (the directory a real checkpoint would
+be), then loaded by `make_policy(model_path=...)` in a fresh process, each way:
+
+- `bfloat16`: the directory's own dtype, what a load does now;
+- `float32`: `--policy-kwargs '{"dtype": "float32"}'`, what every load did before a directory kept its dtype.
+
+Each process reports its peak resident memory (`ru_maxrss`) after the load, and after one PPO-like step: the action
+log-probs (float32 over the bins) and values of a batch of 4 observations, a backward pass into the LoRA adapters and
+heads (rank 16, every linear layer), under bf16 autocast. Writes `report.md` and `vla_memory.json` to `--out`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+for _path in (str(REPO), str(BENCH)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+ENV = {"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}
+
+
+@dataclass
+class Args:
+    layers: tuple[int, ...] = (1, 2)
+    """depths to measure (layers of each tower)"""
+    out: str = str(REPO / "docs" / "results" / "vla-memory-cpu")
+    """where report.md and vla_memory.json go"""
+    batch: int = 4
+    """observations in the measured step"""
+
+
+def peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def trainer_args():
+    from cleanrl_embodied import ppo_vla
+
+    return ppo_vla.Args(env_id="PushCubeLangRL", env_kwargs=json.dumps(ENV), action_head="bins", action_bins=256,
+                        action_chunk=4, autocast="bf16", cuda=False)  # fmt: skip
+
+
+def spaces():
+    from cleanrl_embodied import shared
+
+    env = shared.make_env("PushCubeLangRL", 4, "cpu", seed=0, **ENV)
+    return env, env.single_observation_space, env.single_action_space
+
+
+def build(layers: int, path: str) -> dict:
+    """Child: a real-width policy with random bf16 weights, saved as a directory."""
+    import gpu_check
+
+    env, obs_space, act_space = spaces()
+    kw = dict(gpu_check.PALIGEMMA_3B, text_layers=layers, vision_layers=layers, lora_rank=16)
+    policy = gpu_check.real_width_vla(obs_space, act_space, trainer_args(), **kw)
+    policy.save_pretrained(path)
+    size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    return {"params": gpu_check.LAST_BUILD["params"], "directory_gib": size / 2**30, "build_peak_gib": peak_gib()}
+
+
+def load_and_step(path: str, dtype: str | None, batch: int) -> dict:
+    """Child: load the directory (its own dtype, or `dtype`), then one PPO-like step on `batch` observations."""
+    import torch
+
+    from examples.hf_vla import make_policy
+
+    env, obs_space, act_space = spaces()
+    start = time.time()
+    kwargs = {"model_path": path, **({"dtype": dtype} if dtype else {})}
+    policy = make_policy(obs_space, act_space, trainer_args(), **kwargs)
+    loaded = {"load_s": time.time() - start, "after_load_gib": peak_gib()}
+    weights = {str(p.dtype).removeprefix("torch.") for p in policy.parameters() if not p.requires_grad}
+    obs, _ = env.reset(seed=0)
+    obs = obs[:batch]
+    start = time.time()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dist, value = policy(obs)
+        action = dist.sample()
+        logprob = dist.log_prob(action)
+    loss = -(logprob.flatten(1).sum(-1).float().mean()) + value.float().pow(2).mean()
+    loss.backward()
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    return {**loaded, "frozen_dtypes": sorted(weights), "logprob_dtype": str(logprob.dtype).removeprefix("torch."),
+            "step_s": time.time() - start, "after_step_gib": peak_gib(),
+            "grads": sum(p.grad is not None for p in trained), "trainable": len(trained)}  # fmt: skip
+
+
+def child(what: str, *argv: str) -> dict:
+    code = [sys.executable, __file__, "_" + what, *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run(code, capture_output=True, text=True, cwd=REPO, env=env)
+    if done.returncode:
+        raise SystemExit(f"error: {what} {argv} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(args: Args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for layers in args.layers:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(Path(tmp) / "vla")
+            built = child("build", str(layers), path)
+            print(f"[vla_memory] {layers} layer(s): {built}", flush=True)
+            for dtype in (None, "float32"):
+                measured = child("load", path, dtype or "", str(args.batch))
+                row = {"layers": layers, "load": dtype or "its own (bfloat16)", **built, **measured}
+                print(f"[vla_memory] {row}", flush=True)
+                rows.append(row)
+    data = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": dataclasses.asdict(args), "rows": rows,
+            "machine": os.uname().machine, "cpus": os.cpu_count()}  # fmt: skip
+    (out / "vla_memory.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = [
+        "# examples/hf_vla at PaliGemma-3B's widths on a CPU: peak memory of a load and one step",
+        "",
+        f"{data['when']}, {data['cpus']} CPUs, `uv run python benchmarks/vla_memory.py` (batch {args.batch}, bf16 "
+        "autocast, LoRA rank 16 on every linear layer, 256 bins per entry, chunks of 4).",
+        "",
+        "| layers | parameters | directory | load as | frozen weights | peak after load | peak after one step | "
+        "load | step | log-probs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['layers']} | {r['params'] / 1e6:.0f}M | {r['directory_gib']:.2f} GiB | {r['load']} | "
+                     f"{', '.join(r['frozen_dtypes'])} | {r['after_load_gib']:.2f} GiB | {r['after_step_gib']:.2f} GiB | "
+                     f"{r['load_s']:.1f} s | {r['step_s']:.1f} s | {r['logprob_dtype']} |")  # fmt: skip
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return data
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_build":
+        print(json.dumps(build(int(sys.argv[2]), sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_load":
+        print(json.dumps(load_and_step(sys.argv[2], sys.argv[3] or None, int(sys.argv[4]))))
+    else:
+        main(tyro.cli(Args))
