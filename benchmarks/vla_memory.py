@@ -143,8 +143,9 @@ def main(args: Args) -> dict:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        dtypes = ", ".join(r["frozen_dtypes"])
         lines.append(f"| {r['layers']} | {r['params'] / 1e6:.0f}M | {r['directory_gib']:.2f} GiB | {r['load']} | "
-                     f"{', '.join(r['frozen_dtypes'])} | {r['after_load_gib']:.2f} GiB | {r['after_step_gib']:.2f} GiB | "
+                     f"{dtypes} | {r['after_load_gib']:.2f} GiB | {r['after_step_gib']:.2f} GiB | "
                      f"{r['load_s']:.1f} s | {r['step_s']:.1f} s | {r['logprob_dtype']} |")  # fmt: skip
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

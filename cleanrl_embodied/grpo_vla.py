@@ -98,6 +98,12 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     """optimization epochs per rollout"""
     clip_coef: float = 0.2
     """PPO surrogate clipping coefficient"""
+    clip_coef_high: float | None = None
+    """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
+    room to grow); None: --clip-coef"""
+    temperature: float = 1.0
+    """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
+    SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
     kl_coef: float = 0.0
@@ -135,7 +141,7 @@ def validate(args: Args) -> None:
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma", "clip_coef",
-                  "max_grad_norm", "target_kl"),
+                  "clip_coef_high", "temperature", "max_grad_norm", "target_kl"),
         non_negative=("ent_coef", "kl_coef"),
         at_most_one=("gamma",),
         may_be_inf=("max_grad_norm",),  # no clipping
@@ -174,6 +180,16 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
+def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
+    """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
+    it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
+    if temperature == 1.0:
+        return dist
+    if isinstance(dist, torch.distributions.Normal):
+        return torch.distributions.Normal(dist.loc, dist.scale * temperature, validate_args=False)
+    return type(dist)(logits=dist.logits / temperature)
+
+
 def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
     """`fn(obs)` computed on pieces of at most `size` rows and joined (--micro-batch-size bounds every forward)."""
     if obs.shape[0] <= size:
@@ -181,10 +197,10 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
     return torch.cat([fn(piece) for piece in obs.split(size)])
 
 
-def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
+def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict, temperature: float) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries) and the action the env gets."""
-    dist = actor.dist(obs)
+    dist = tempered(actor.dist(obs), temperature)
     # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
     action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
@@ -195,9 +211,10 @@ def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
     )
 
 
-def reference_logprob(actor: nn.Module, mb: TensorDict) -> torch.Tensor:
-    """The log-prob of each sample's action under the policy's KL reference (summed over the action's entries)."""
-    return actor.reference_dist(mb["obs"]).log_prob(mb["action"]).flatten(1).sum(-1)
+def reference_logprob(actor: nn.Module, mb: TensorDict, temperature: float) -> torch.Tensor:
+    """The log-prob of each sample's action under the policy's KL reference at the rollout's temperature (summed over
+    the action's entries)."""
+    return tempered(actor.reference_dist(mb["obs"]), temperature).log_prob(mb["action"]).flatten(1).sum(-1)
 
 
 def sample_with(dist: torch.distributions.Distribution, generator: torch.Generator) -> torch.Tensor:
@@ -290,15 +307,16 @@ def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tenso
     """Masked PPO-clip loss + entropy bonus + k3 KL to the reference on one minibatch; (loss, statistics: means over
     the alive samples). GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the
     minibatch size. Masks select with torch.where: a masked sample has ratio 1 and gradient 0, never NaN."""
+    clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
     alive = mb["mask"]
     n_alive = alive.sum().clamp_min(1)
     total = lambda x: torch.where(alive, x, 0.0).sum()  # noqa: E731
-    dist = actor.dist(mb["obs"])
+    dist = tempered(actor.dist(mb["obs"]), args.temperature)
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
     ratio = logratio.exp()
     adv = mb["advantages"]
-    pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
+    pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)))
     entropy = total(dist.entropy().flatten(1).sum(-1))
     # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
     # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi). Only exp() can
@@ -310,7 +328,8 @@ def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tenso
     with torch.no_grad():
         stats = TensorDict(
             policy_loss=pg, entropy=entropy, kl_ref=kl_ref, old_approx_kl=total(-logratio),
-            approx_kl=total((ratio - 1) - logratio), clipfrac=total(((ratio - 1.0).abs() > args.clip_coef).float()),
+            approx_kl=total((ratio - 1) - logratio),
+            clipfrac=total(((ratio < 1 - args.clip_coef) | (ratio > 1 + clip_high)).float()),
         )  # fmt: skip
     return loss, (stats / n_alive).detach()
 
@@ -407,7 +426,8 @@ def main(args: Args) -> dict:
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
-    policy, reference_fn = compiled(partial(policy_step, actor)), compiled(partial(reference_logprob, actor))
+    policy = compiled(partial(policy_step, actor, temperature=args.temperature))
+    reference_fn = compiled(partial(reference_logprob, actor, temperature=args.temperature))
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 

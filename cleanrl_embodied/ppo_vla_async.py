@@ -82,6 +82,12 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     """normalize advantages per minibatch"""
     clip_coef: float = 0.2
     """PPO surrogate clipping coefficient"""
+    clip_coef_high: float | None = None
+    """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
+    room to grow); None: --clip-coef"""
+    temperature: float = 1.0
+    """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
+    SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
     clip_vloss: bool = False
     """clip the value loss around the old values"""
     ent_coef: float = 0.0
@@ -115,8 +121,8 @@ def validate(args: Args) -> None:
     shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
-                  "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
-                  "max_grad_norm", "target_kl"),
+                  "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
+                  "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef", "max_staleness"),
         at_most_one=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
@@ -152,6 +158,16 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
+def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
+    """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
+    it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
+    if temperature == 1.0:
+        return dist
+    if isinstance(dist, torch.distributions.Normal):
+        return torch.distributions.Normal(dist.loc, dist.scale * temperature, validate_args=False)
+    return type(dist)(logits=dist.logits / temperature)
+
+
 def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
     """`fn(obs)` computed on pieces of at most `size` rows and joined (--micro-batch-size bounds every forward)."""
     if obs.shape[0] <= size:
@@ -159,10 +175,12 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
     return torch.cat([fn(piece) for piece in obs.split(size)])
 
 
-def collector_step(agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator) -> TensorDict:
+def collector_step(
+    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, temperature: float
+) -> TensorDict:
     """Sample a raw action (a chunk's K actions at once) from `generator`; return it with its behaviour log-prob and
     the action the env gets. No value: the learner recomputes values with its current critic."""
-    dist = agent.dist(obs)
+    dist = tempered(agent.dist(obs), temperature)
     action = sample_with(dist, generator)
     logprob = dist.log_prob(action).flatten(1).sum(-1)  # summed over the action's entries
     return TensorDict(action=action, logprob=logprob, env_action=agent.env_action(action), batch_size=obs.shape[:1])
@@ -230,13 +248,15 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
     """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
     detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
+    dist = tempered(dist, args.temperature)
+    clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
     adv = mb["advantages"]
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
@@ -250,7 +270,7 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
             entropy=entropy,
             old_approx_kl=(-logratio).mean(),
             approx_kl=((ratio - 1) - logratio).mean(),
-            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+            clipfrac=((ratio < 1 - args.clip_coef) | (ratio > 1 + clip_high)).float().mean(),
         ).detach()
     return loss, stats
 
@@ -281,7 +301,7 @@ class Collector:
         seeds = {name: shared.stream_seed(args.seed, name) for name in ("train_envs", "collector")}
         self.next_obs, self.next_index = envs.reset(seed=seeds["train_envs"])[0], 0  # or load_state()
         self.generator = torch.Generator(device=device).manual_seed(seeds["collector"])  # its own stream
-        self.step = partial(collector_step, agent, generator=self.generator)
+        self.step = partial(collector_step, agent, generator=self.generator, temperature=args.temperature)
         self.piece, self.amp = args.micro_batch_size or sys.maxsize, shared.autocast(args.autocast, device)
         self.decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
         self.task_names, self.consumed, self.error = envs.metadata.get("task_names"), 0, None  # (see publish, _run)

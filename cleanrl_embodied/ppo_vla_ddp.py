@@ -93,6 +93,12 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     """normalize advantages per minibatch"""
     clip_coef: float = 0.2
     """PPO surrogate clipping coefficient"""
+    clip_coef_high: float | None = None
+    """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
+    room to grow); None: --clip-coef"""
+    temperature: float = 1.0
+    """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
+    SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
     clip_vloss: bool = False
     """clip the value loss around the old values"""
     ent_coef: float = 0.0
@@ -126,8 +132,8 @@ def validate(args: Args, show: bool) -> None:
     shared.check_args(
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
-                  "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef", "vf_coef",
-                  "max_grad_norm", "target_kl", "dist_timeout_s"),
+                  "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
+                  "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl", "dist_timeout_s"),
         non_negative=("gae_lambda", "ent_coef"),
         at_most_one=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
@@ -166,10 +172,11 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
-def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict) -> TensorDict:
+def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict, temperature: float) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries), V(obs) and the action the env gets."""
     dist, value = agent(obs)
+    dist = tempered(dist, temperature)
     # a Normal's rsample (loc + scale * noise) draws what sample() does, without its host sync on a GPU (scale >= 0)
     action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
@@ -188,6 +195,16 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
     if isinstance(dist, torch.distributions.Normal):
         return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
     return dist.sample(generator=generator)
+
+
+def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
+    """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
+    it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
+    if temperature == 1.0:
+        return dist
+    if isinstance(dist, torch.distributions.Normal):
+        return torch.distributions.Normal(dist.loc, dist.scale * temperature, validate_args=False)
+    return type(dist)(logits=dist.logits / temperature)
 
 
 def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
@@ -250,13 +267,15 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
     """Clipped-surrogate PPO loss on one minibatch (or a piece of one), means over its samples; returns (loss,
     detached statistics). The advantages come normalized (`normalize_advantages`) when --norm-adv."""
     dist, newvalue = agent(mb["obs"])
+    dist = tempered(dist, args.temperature)
+    clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
     adv = mb["advantages"]
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
@@ -270,7 +289,7 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
             entropy=entropy,
             old_approx_kl=(-logratio).mean(),
             approx_kl=((ratio - 1) - logratio).mean(),
-            clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+            clipfrac=((ratio < 1 - args.clip_coef) | (ratio > 1 + clip_high)).float().mean(),
         ).detach()
     return loss, stats
 
@@ -376,7 +395,10 @@ def train(
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
-    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    policy, value_fn = (
+        compiled(partial(policy_step, agent_inference, temperature=args.temperature)),
+        compiled(agent_inference.get_value),
+    )
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
     global_step, start_iteration, resume_note = 0, 1, ""

@@ -39,6 +39,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("action_space", VLA),
     ("in_pieces", VLA),
     ("sample_with", VLA),
+    ("tempered", VLA),
     ("eval_action", VLA),
     ("make_agent", PPO_VLA),
     ("step_decision", PPO_VLA),
@@ -53,7 +54,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("group_advantages", ("grpo", "grpo_vla")),
     ("episode_advantages", ("grpo", "grpo_vla")),
     ("informative_groups", ("grpo", "grpo_vla")),
-    ("grpo_loss", ("grpo", "grpo_vla")),
+    # (grpo_loss is no longer copied: grpo_vla's adds the VLA recipe's temperature and clip-higher)
 ]
 
 

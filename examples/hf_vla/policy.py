@@ -67,6 +67,7 @@ from transformers.utils import logging as hf_logging
 
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, is_instruction_space
+from cleanrl_embodied.shared.tensordict_helpers import PRIVILEGED_KEY
 from examples.hf_vla.action_tokens import CONVENTIONS, ActionTokenMap, build_action_token_map
 from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
@@ -750,7 +751,7 @@ def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: s
             "examples.hf_vla: the env's observations hold no instruction; name one with --policy-kwargs "
             '\'{"instruction": "push the cube to the goal"}\' (or use a language task such as PushCubeLangRL)'
         )
-    extra = sorted(set(spaces) - {"rgb", "state", INSTRUCTION_KEY})
+    extra = sorted(set(spaces) - {"rgb", "state", INSTRUCTION_KEY, PRIVILEGED_KEY})  # (a critic's, not ours)
     if extra:
         fail(f"examples.hf_vla reads the observation entries rgb, state and instruction; the env also gives {extra}")
     state = spaces.get("state")
