@@ -112,6 +112,14 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     """global gradient-norm clipping"""
     target_kl: float | None = 0.1
     """stop the epoch loop early when the epoch's mean approximate KL exceeds this (None disables)"""
+    min_informative_groups: int = 0
+    """dynamic sampling (DAPO; TorchRL's candidate groups, SimpleVLA-RL's oversampling): after a rollout, draw new
+    groups from new shared starts until this many groups whose returns differ are collected or --max-draws rollouts
+    were drawn, and update on exactly that many groups (any shortfall filled with masked groups, logged as
+    grpo/shortfall_groups); every draw's env steps count. 0: off (one rollout, every group)"""
+    max_draws: int = 4
+    """the most rollouts an iteration draws for --min-informative-groups (so it ends when every group succeeds or
+    every group fails)"""
     filter_groups: bool = False
     """leave out of the update the groups whose members all got the same returns (DAPO's dynamic sampling without
     its resampling); `grpo/kept_group_frac` logs the share kept (docs/grpo.md, "Group filtering")"""
@@ -141,8 +149,8 @@ def validate(args: Args) -> None:
         args,
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma", "clip_coef",
-                  "clip_coef_high", "temperature", "max_grad_norm", "target_kl"),
-        non_negative=("ent_coef", "kl_coef"),
+                  "clip_coef_high", "temperature", "max_grad_norm", "target_kl", "max_draws"),
+        non_negative=("ent_coef", "kl_coef", "min_informative_groups"),
         at_most_one=("gamma",),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
@@ -354,12 +362,13 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
-    """Group starts seeded by (seed, iteration): a resumed run sees the starts a straight run would."""
+def group_reset(envs, args: Args, iteration: int, draw: int = 0) -> tuple[torch.Tensor, dict]:
+    """Group starts seeded by (seed, iteration, draw): a resumed run sees the starts a straight run would."""
+    seed = shared.stream_seed(args.seed, "group_resets", iteration) if draw == 0 else shared.stream_seed(
+        args.seed, "group_redraws", iteration * 1000 + draw
+    )  # fmt: skip
     try:
-        return envs.reset(
-            seed=shared.stream_seed(args.seed, "group_resets", iteration), options={"group_size": args.group_size}
-        )
+        return envs.reset(seed=seed, options={"group_size": args.group_size})
     except ValueError as e:
         shared.fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
@@ -402,7 +411,16 @@ def main(args: Args) -> dict:
         shared.fail(
             f"--num-minibatches must divide the batch size num_envs*horizon={batch_size}, got {args.num_minibatches}"
         )
-    minibatch_size = batch_size // args.num_minibatches
+    groups = args.min_informative_groups or args.num_envs // args.group_size  # the groups an update learns from
+    update_size = groups * args.group_size * horizon
+    if args.min_informative_groups and (
+        update_size % args.num_minibatches or groups > args.num_envs // args.group_size
+    ):
+        shared.fail(
+            f"--min-informative-groups must be at most num_envs/group_size={args.num_envs // args.group_size} "
+            f"and, times group_size*horizon, divisible by --num-minibatches; got {args.min_informative_groups}"
+        )
+    minibatch_size = update_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // (batch_size * args.action_chunk))
     if start_iteration > num_iterations:
         shared.fail(
@@ -478,62 +496,83 @@ def main(args: Args) -> dict:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1.0 - (iteration - 1) / num_iterations))
-            if iteration > start_iteration:  # the first iteration's starts were drawn above
-                next_obs, start_info = group_reset(envs, args, iteration)
+            parts, informative = [], 0  # dynamic sampling: the informative groups collected so far
+            for draw in range(args.max_draws if args.min_informative_groups else 1):
+                if iteration > start_iteration or draw:  # the first iteration's starts were drawn above
+                    next_obs, draw_info = group_reset(envs, args, iteration, draw)
+                    start_info = draw_info if draw == 0 else start_info
 
-            # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
-            rollout_stats = shared.RolloutStats(device, task_names)  # of the first episodes that end within the horizon
-            alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
-            success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
-            watch = shared.NonFiniteWatch(args.num_envs, device)
-            with torch.no_grad():
-                for step in range(horizon):
-                    with amp():
-                        out = in_pieces(policy, next_obs, piece)
-                    storage["obs"][step] = next_obs
-                    storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
-                    next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(
-                        envs, out["env_action"].reshape(decision_shape)
-                    )  # rewards, executed: [K, N], per env step of the decision (K = 1: one step)
-                    storage["reward"][step] = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum
-                    storage["discount"][step] = args.gamma ** executed.sum(0)  # discounts the return after it
-                    storage["outcome"][step] = torch.where(executed, rewards, 0.0).sum(0)  # undiscounted sum
-                    storage["done"][step] = done = terminated | truncated
-                    rollout_stats.add_reward_terms(info, executed.sum(0))  # per env step: a chunk's terms are sums
-                    if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
-                        watch.update_final(step, info["final_obs"], done)
-                        counted = done & alive
-                        rollout_stats.add_episodes(info, counted=counted)
-                        success |= counted & (info["episode"]["success"] > 0)
-                        alive &= ~done
-                watch.update_rollout(storage["obs"], next_obs, storage["reward"])  # obs[0]: the group starts
-            watch.check(global_step, args.num_envs * args.action_chunk, where=f"{args.env_id} ")  # envs and step
-            global_step += batch_size * args.action_chunk  # env steps (a decision runs --action-chunk of them)
+                # ---- rollout of one horizon from group starts: no host sync inside this loop on a GPU ----
+                rollout_stats = shared.RolloutStats(
+                    device, task_names
+                )  # of the first episodes that end within the horizon
+                alive = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # still in the first episode
+                success = torch.zeros_like(alive)  # the first episode succeeded within the horizon
+                watch = shared.NonFiniteWatch(args.num_envs, device)
+                with torch.no_grad():
+                    for step in range(horizon):
+                        with amp():
+                            out = in_pieces(policy, next_obs, piece)
+                        storage["obs"][step] = next_obs
+                        storage["action"][step], storage["logprob"][step] = out["action"], out["logprob"]
+                        next_obs, rewards, executed, terminated, truncated, info = shared.step_chunk(
+                            envs, out["env_action"].reshape(decision_shape)
+                        )  # rewards, executed: [K, N], per env step of the decision (K = 1: one step)
+                        storage["reward"][step] = torch.where(executed, powers * rewards, 0.0).sum(0)  # discounted sum
+                        storage["discount"][step] = args.gamma ** executed.sum(0)  # discounts the return after it
+                        storage["outcome"][step] = torch.where(executed, rewards, 0.0).sum(0)  # undiscounted sum
+                        storage["done"][step] = done = terminated | truncated
+                        rollout_stats.add_reward_terms(info, executed.sum(0))  # per env step: a chunk's terms are sums
+                        if not cpu or done.any():  # what only finished episodes need (on the CPU, asking is free)
+                            watch.update_final(step, info["final_obs"], done)
+                            counted = done & alive
+                            rollout_stats.add_episodes(info, counted=counted)
+                            success |= counted & (info["episode"]["success"] > 0)
+                            alive &= ~done
+                    watch.update_rollout(storage["obs"], next_obs, storage["reward"])  # obs[0]: the group starts
+                watch.check(global_step, args.num_envs * args.action_chunk, where=f"{args.env_id} ")  # envs and step
+                global_step += batch_size * args.action_chunk  # env steps (a decision runs --action-chunk of them)
 
-            # ---- group-relative advantages (critic-free) ----
+                # ---- group-relative advantages (critic-free) ----
+                with torch.no_grad():
+                    done = storage["done"]
+                    mask = first_episode_mask(done) if args.truncate_at_first_done else torch.ones_like(done)
+                    returns = (
+                        decision_returns_to_go(storage["reward"], done, storage["discount"])
+                        if args.advantage == "step"
+                        else storage["outcome"]  # episode_advantages sums them over each first episode, undiscounted
+                    )
+                    advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
+                    kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
+                    if args.filter_groups:  # the others leave the update (and its averages) altogether
+                        mask = mask & kept
+                    drawn = storage.select("obs", "action", "logprob").clone()  # [T, N]
+                    drawn["advantages"], drawn["mask"] = advantages, mask
+                if draw == 0:  # what the logs describe: the first draw
+                    first = (rollout_stats, alive, success, kept, mask, adv_stats)
+                if not args.min_informative_groups:
+                    break
+                parts.append(drawn[:, kept.nonzero().squeeze(-1)])  # the informative groups' envs (a host sync)
+                informative += int(kept.sum()) // args.group_size
+                if informative >= args.min_informative_groups:
+                    break
+
             with torch.no_grad():
-                done = storage["done"]
-                mask = first_episode_mask(done) if args.truncate_at_first_done else torch.ones_like(done)
-                returns = (
-                    decision_returns_to_go(storage["reward"], done, storage["discount"])
-                    if args.advantage == "step"
-                    else storage["outcome"]  # episode_advantages sums them over each first episode, undiscounted
-                )
-                advantages, adv_stats = advantages_fn(returns, mask, args.group_size, args.scale_adv, args.adv_eps)
-                kept = informative_groups(advantages, args.group_size)  # groups whose returns differ
-                if args.filter_groups:  # the others leave the update (and its averages) altogether
-                    mask = mask & kept
-                batch = storage.select("obs", "action", "logprob").reshape(-1)
-                batch["advantages"], batch["mask"] = advantages.reshape(-1), mask.reshape(-1)
+                if args.min_informative_groups:  # exactly `groups` groups: informative first, then masked filler
+                    drawn = torch.cat([*parts, drawn.set("mask", torch.zeros_like(drawn["mask"]))], dim=1)
+                    drawn = drawn[:, : groups * args.group_size]
+                batch = drawn.reshape(-1)
                 with amp():
                     batch["ref_logprob"] = in_pieces(reference_fn, batch.select("obs", "action"), piece)
+            rollout_stats, alive, success, kept, mask, adv_stats = first
+            shortfall = max(groups - informative, 0)
 
             # ---- PPO-clip update over the masked samples ----
             update_stats = []  # statistics of the applied minibatch steps, averaged for logging
-            learn = not args.filter_groups or bool(kept.any())  # no group with a signal: no update at all
+            learn = informative > 0 if args.min_informative_groups else not args.filter_groups or bool(kept.any())
             for _epoch in range(args.update_epochs if learn else 0):
                 epoch_kl = []
-                for idx in torch.randperm(batch_size, device=device).view(args.num_minibatches, -1):
+                for idx in torch.randperm(update_size, device=device).view(args.num_minibatches, -1):
                     mb = batch[idx]
                     n_alive = mb["mask"].sum()
                     optimizer.zero_grad(set_to_none=True)
@@ -561,6 +600,11 @@ def main(args: Args) -> dict:
                     "grpo/mask_frac": mask.float().mean(),
                     "grpo/kept_group_frac": kept.float().mean(),
                     "grpo/finished_frac": (~alive).float().mean(),
+                    **(
+                        {"grpo/draws": draw + 1, "grpo/shortfall_groups": shortfall}
+                        if args.min_informative_groups
+                        else {}
+                    ),
                     **rollout_stats.scalars(),
                     **{f"grpo/{k}": v for k, v in adv_stats.items()},
                 }

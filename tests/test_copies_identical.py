@@ -49,7 +49,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     # data-parallel gradients
     ("sync_gradients", ("ppo_ddp", "ppo_vla_ddp")),
     # GRPO, in both families
-    ("group_reset", ("grpo", "grpo_vla")),
+    # (group_reset is not copied either: grpo_vla's draws further starts for dynamic sampling)
     ("first_episode_mask", ("grpo", "grpo_vla")),
     ("group_advantages", ("grpo", "grpo_vla")),
     ("episode_advantages", ("grpo", "grpo_vla")),

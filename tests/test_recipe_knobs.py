@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 from toy_policies import ToyVLA
 
@@ -97,3 +98,45 @@ def test_bad_knobs_are_one_line(flag, value, tmp_path):
         ppo_vla.main(ppo_vla.Args(output_dir=str(tmp_path), policy="toy_policies:ToyVLA", **{flag: value}))
     message = str(e.value.code)
     assert message.startswith(f"error: --{flag.replace('_', '-')}") and "\n" not in message
+
+
+GRPO = dict(
+    num_envs=8, group_size=4, num_steps=5, num_minibatches=2, update_epochs=1, num_eval_envs=4, num_eval_episodes=4,
+    eval_freq=0, save_freq=0, cuda=False, compile="off", total_timesteps=2 * 8 * 5,
+)  # fmt: skip
+
+
+def logged(run_dir: str) -> dict[str, list[float]]:
+    acc = EventAccumulator(run_dir)
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_dynamic_sampling_stops_after_max_draws_when_no_group_is_informative(tmp_path):
+    """A policy that always acts the same from identical group starts: every member of a group gets the same
+    return, no group is informative, so each iteration draws --max-draws rollouts (their env steps counted), logs
+    the shortfall, and leaves the policy as it was (no update)."""
+    args = grpo_vla.Args(**GRPO, output_dir=str(tmp_path), policy="toy_policies:still", min_informative_groups=1,
+                         max_draws=3)  # fmt: skip
+    out = grpo_vla.main(args)
+    assert out["global_step"] == 2 * 3 * 8 * 5  # 2 iterations of 3 draws of 8 envs x 5 steps
+    scalars = logged(out["run_dir"])
+    assert scalars["grpo/draws"] == [3, 3] and scalars["grpo/shortfall_groups"] == [1, 1]
+    assert "losses/policy_loss" not in scalars
+
+
+def test_dynamic_sampling_updates_on_exactly_the_informative_groups_it_asked_for(tmp_path):
+    args = grpo_vla.Args(**GRPO, output_dir=str(tmp_path), policy="toy_policies:ToyVLA", min_informative_groups=1,
+                         max_draws=3)  # fmt: skip
+    out = grpo_vla.main(args)
+    scalars = logged(out["run_dir"])
+    assert scalars["grpo/shortfall_groups"] == [0, 0] and all(d >= 1 for d in scalars["grpo/draws"])
+    assert out["global_step"] == sum(scalars["grpo/draws"]) * 8 * 5
+    assert len(scalars["losses/policy_loss"]) == 2  # an update every iteration, on 1 group of 4 envs x 5 steps
+
+
+def test_too_many_informative_groups_is_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        grpo_vla.main(grpo_vla.Args(**GRPO, output_dir=str(tmp_path), policy="toy_policies:ToyVLA",
+                                    min_informative_groups=3))  # fmt: skip
+    assert str(e.value.code).startswith("error: --min-informative-groups") and "\n" not in str(e.value.code)

@@ -39,6 +39,7 @@ STREAMS = {
     "eval_actions": "sampled eval actions (--no-eval-deterministic), one stream per evaluation",
     "collector": "ppo_async's collector thread: its action sampling",
     "group_resets": "grpo's group starts of an iteration",
+    "group_redraws": "grpo_vla's further group starts of an iteration (dynamic sampling: --min-informative-groups)",
 }
 """The run's independent random streams and what each drives (docs/runs.md). Each is seeded by
 :func:`stream_seed`, never by ``--seed`` itself."""
