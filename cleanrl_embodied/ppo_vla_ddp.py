@@ -96,6 +96,9 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     clip_coef_high: float | None = None
     """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
     room to grow); None: --clip-coef"""
+    critic_warmup_iterations: int = 0
+    """iterations that train the value head alone before the policy moves (RLinf's critic warm-up: a fresh value head
+    on a behaviour-cloned policy first learns its returns); needs the policy's `value_parameters()`"""
     temperature: float = 1.0
     """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
     SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
@@ -134,7 +137,7 @@ def validate(args: Args, show: bool) -> None:
         positive=("action_bins", "action_chunk", "micro_batch_size", "num_envs", "num_steps", "total_timesteps",
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
                   "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl", "dist_timeout_s"),
-        non_negative=("gae_lambda", "ent_coef"),
+        non_negative=("gae_lambda", "ent_coef", "critic_warmup_iterations"),
         at_most_one=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
@@ -161,7 +164,9 @@ def make_agent(envs, args: Args) -> nn.Module:
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
-    needs = ("forward", "dist", "get_value", "env_action")
+    needs = ("forward", "dist", "get_value", "env_action") + (
+        ("value_parameters",) if args.critic_warmup_iterations else ()
+    )
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
                         args, needs)  # fmt: skip
 
@@ -386,6 +391,8 @@ def train(
         fully_shard(agent)  # (the inference copy keeps the whole weights it was built with, rank 0's)
 
     params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
+    value_ids = {id(p) for p in agent.value_parameters()} if args.critic_warmup_iterations else set()
+    policy_params = [p for p in params if id(p) not in value_ids]  # what a critic warm-up holds still
     say = logger.write if rank == 0 else lambda _: None
     if args.fsdp:
         mine = sum(p.to_local().numel() for p in params)
@@ -560,6 +567,9 @@ def train(
                         mean_loss /= world_size
                     else:
                         mean_loss = sync_gradients(params, world_size, loss)
+                    if iteration <= args.critic_warmup_iterations:  # value only: the policy waits (Adam skips it)
+                        for p in policy_params:
+                            p.grad = None
                     grad_norm = shared.unsharded(clip_fn(params, args.max_grad_norm))
                     if not guard.ok(mean_loss, grad_norm, global_step):  # same verdict on every rank
                         continue

@@ -140,3 +140,33 @@ def test_too_many_informative_groups_is_one_line(tmp_path):
         grpo_vla.main(grpo_vla.Args(**GRPO, output_dir=str(tmp_path), policy="toy_policies:ToyVLA",
                                     min_informative_groups=3))  # fmt: skip
     assert str(e.value.code).startswith("error: --min-informative-groups") and "\n" not in str(e.value.code)
+
+
+PPO = dict(
+    num_envs=8, num_steps=5, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4, eval_freq=0,
+    save_freq=1, cuda=False, compile="off", total_timesteps=3 * 8 * 5, policy="toy_policies:ToyVLA",
+    critic_warmup_iterations=2,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("module", [ppo_vla, ppo_vla_async, ppo_vla_ddp], ids=lambda m: m.__name__[17:])
+def test_critic_warmup_trains_the_value_head_alone_then_the_policy(module, tmp_path):
+    """--critic-warmup-iterations 2: after iterations 1 and 2 the actor is bit for bit as built (its parameters get
+    no step) while the critic learns; iteration 3 moves the actor."""
+    extra = {"max_staleness": 0} if module is ppo_vla_async else {}
+    out = module.main(module.Args(**PPO, **extra, output_dir=str(tmp_path)))
+    ckpts = [
+        torch.load(f"{out['run_dir']}/checkpoints/iter_00000{i}.pt", weights_only=True)["model"] for i in (1, 2, 3)
+    ]
+    actor = [k for k in ckpts[0] if k.startswith("actor_")]
+    critic = [k for k in ckpts[0] if k.startswith("critic.")]
+    assert actor and critic
+    assert all(torch.equal(ckpts[0][k], ckpts[1][k]) for k in actor)
+    assert not all(torch.equal(ckpts[0][k], ckpts[1][k]) for k in critic)
+    assert not all(torch.equal(ckpts[1][k], ckpts[2][k]) for k in actor)
+
+
+def test_critic_warmup_needs_the_policys_value_parameters(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        ppo_vla.main(ppo_vla.Args(**{**PPO, "policy": "toy_policies:without_forward"}, output_dir=str(tmp_path)))
+    assert "value_parameters" in str(e.value.code) and "\n" not in str(e.value.code)

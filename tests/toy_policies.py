@@ -84,6 +84,9 @@ class ToyVLA(torch.nn.Module):
     def get_value(self, obs):
         return self.critic(float_entries(obs)).squeeze(-1).float()
 
+    def value_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.critic.parameters())
+
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if not self.bins:
             return action

@@ -621,6 +621,10 @@ class HFVLAPolicy(nn.Module):
         return torch.bucketize(normalised.contiguous(), self.bin_edges, right=True).float()
 
     # ---- what trains, and saving ------------------------------------------------------------------------------
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The value head's parameters (what a PPO trainer's --critic-warmup-iterations trains alone)."""
+        return list(self.value_head.parameters())
+
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
         """The parameters that train (adapters and heads), by their ``named_parameters`` name."""
         return {name: p for name, p in self.named_parameters() if p.requires_grad}
