@@ -31,6 +31,7 @@ Read top to bottom: `Args`; the pure functions (`policy_step`, `sample_with`, `e
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +102,10 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     clip_coef_high: float | None = None
     """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
     room to grow); None: --clip-coef"""
+    loss_agg: Literal["decision", "token"] = "decision"
+    """decision: one ratio per decision (its log-prob summed over the chunk's K*D action entries); token: a ratio per
+    entry, clipped per entry and averaged over entries (DAPO's token-level loss, as VLA-RL recipes apply it to action
+    tokens)"""
     temperature: float = 1.0
     """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
     SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
@@ -188,6 +193,13 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
+def aggregate(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """Per-entry log-probs (or entropies) [B, ...] of a decision's action: summed over its entries, the decision's
+    [B], or kept per entry [B, E] (--loss-agg token: a ratio per action token)."""
+    x = x.flatten(1)
+    return x if per_token else x.sum(-1)
+
+
 def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
     """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
     it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
@@ -205,7 +217,7 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
     return torch.cat([fn(piece) for piece in obs.split(size)])
 
 
-def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict, temperature: float) -> TensorDict:
+def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict, temperature: float, per_token: bool) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries) and the action the env gets."""
     dist = tempered(actor.dist(obs), temperature)
@@ -213,16 +225,16 @@ def policy_step(actor: nn.Module, obs: torch.Tensor | TensorDict, temperature: f
     action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
         action=action,
-        logprob=dist.log_prob(action).flatten(1).sum(-1),
+        logprob=aggregate(dist.log_prob(action), per_token),
         env_action=actor.env_action(action),
         batch_size=obs.shape[:1],
     )
 
 
-def reference_logprob(actor: nn.Module, mb: TensorDict, temperature: float) -> torch.Tensor:
+def reference_logprob(actor: nn.Module, mb: TensorDict, temperature: float, per_token: bool) -> torch.Tensor:
     """The log-prob of each sample's action under the policy's KL reference at the rollout's temperature (summed over
     the action's entries)."""
-    return tempered(actor.reference_dist(mb["obs"]), temperature).log_prob(mb["action"]).flatten(1).sum(-1)
+    return aggregate(tempered(actor.reference_dist(mb["obs"]), temperature).log_prob(mb["action"]), per_token)
 
 
 def sample_with(dist: torch.distributions.Distribution, generator: torch.Generator) -> torch.Tensor:
@@ -316,16 +328,17 @@ def grpo_loss(actor: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tenso
     the alive samples). GRPO averages over the alive samples; Dr. GRPO (``--no-scale-adv``) divides their sum by the
     minibatch size. Masks select with torch.where: a masked sample has ratio 1 and gradient 0, never NaN."""
     clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
-    alive = mb["mask"]
+    per_token = args.loss_agg == "token"  # then every entry of an alive decision counts as a sample
+    dist = tempered(actor.dist(mb["obs"]), args.temperature)
+    newlogprob = aggregate(dist.log_prob(mb["action"]), per_token)  # [B], or [B, E] per token
+    alive = mb["mask"].view(-1, *[1] * (newlogprob.dim() - 1)).expand_as(newlogprob)
     n_alive = alive.sum().clamp_min(1)
     total = lambda x: torch.where(alive, x, 0.0).sum()  # noqa: E731
-    dist = tempered(actor.dist(mb["obs"]), args.temperature)
-    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     logratio = torch.where(alive, newlogprob - mb["logprob"], 0.0)
     ratio = logratio.exp()
-    adv = mb["advantages"]
+    adv = mb["advantages"].view(-1, *[1] * (ratio.dim() - 1))
     pg = total(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)))
-    entropy = total(dist.entropy().flatten(1).sum(-1))
+    entropy = total(aggregate(dist.entropy(), per_token))
     # k3 = r - log r - 1 with r = pi_ref / pi: its value estimates KL(pi || pi_ref) on samples from pi; its
     # gradient with the samples held fixed, (1 - r) grad log pi, estimates grad KL(pi_ref || pi). Only exp() can
     # overflow (pi far below pi_ref), so only that side is clamped: a policy far sharper than the reference
@@ -444,8 +457,9 @@ def main(args: Args) -> dict:
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
-    policy = compiled(partial(policy_step, actor, temperature=args.temperature))
-    reference_fn = compiled(partial(reference_logprob, actor, temperature=args.temperature))
+    per_token = args.loss_agg == "token"
+    policy = compiled(partial(policy_step, actor, temperature=args.temperature, per_token=per_token))
+    reference_fn = compiled(partial(reference_logprob, actor, temperature=args.temperature, per_token=per_token))
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
 
@@ -470,18 +484,12 @@ def main(args: Args) -> dict:
 
     decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
     powers = args.gamma ** torch.arange(args.action_chunk, device=device)[:, None]  # gamma^k of a chunk's k-th step
-    storage = shared.rollout_storage(
-        horizon,
-        args.num_envs,
-        device,
-        obs=envs.single_observation_space,
-        action=(action_space(envs, args).shape, torch.float32),
-        logprob=((), torch.float32),
-        reward=((), torch.float32),
-        discount=((), torch.float32),
-        outcome=((), torch.float32),
-        done=((), torch.bool),
-    )  # TensorDict observations are stored as they come, uint8 images as uint8
+    action = action_space(envs, args).shape
+    storage = shared.rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
+        horizon, args.num_envs, device, obs=envs.single_observation_space, action=(action, torch.float32),
+        logprob=((math.prod(action),) if per_token else (), torch.float32),  # (per token: per entry)
+        **dict.fromkeys(("reward", "discount", "outcome"), ((), torch.float32)), done=((), torch.bool),
+    )  # fmt: skip
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)
     amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)

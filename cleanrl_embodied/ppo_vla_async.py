@@ -21,6 +21,7 @@ the last consistent last.pt. Each side has its own random stream: on CPU a comma
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import sys
 import threading
@@ -88,6 +89,10 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     critic_warmup_iterations: int = 0
     """iterations that train the value head alone before the policy moves (RLinf's critic warm-up: a fresh value head
     on a behaviour-cloned policy first learns its returns); needs the policy's `value_parameters()`"""
+    loss_agg: Literal["decision", "token"] = "decision"
+    """decision: one ratio per decision (its log-prob summed over the chunk's K*D action entries); token: a ratio per
+    entry, clipped per entry and averaged over entries (DAPO's token-level loss, as VLA-RL recipes apply it to action
+    tokens)"""
     temperature: float = 1.0
     """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
     SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
@@ -163,6 +168,13 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
+def aggregate(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """Per-entry log-probs (or entropies) [B, ...] of a decision's action: summed over its entries, the decision's
+    [B], or kept per entry [B, E] (--loss-agg token: a ratio per action token)."""
+    x = x.flatten(1)
+    return x if per_token else x.sum(-1)
+
+
 def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
     """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
     it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
@@ -181,13 +193,13 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
 
 
 def collector_step(
-    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, temperature: float
+    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, temperature: float, per_token: bool
 ) -> TensorDict:
     """Sample a raw action (a chunk's K actions at once) from `generator`; return it with its behaviour log-prob and
     the action the env gets. No value: the learner recomputes values with its current critic."""
     dist = tempered(agent.dist(obs), temperature)
     action = sample_with(dist, generator)
-    logprob = dist.log_prob(action).flatten(1).sum(-1)  # summed over the action's entries
+    logprob = aggregate(dist.log_prob(action), per_token)  # summed over the action's entries, or per entry
     return TensorDict(action=action, logprob=logprob, env_action=agent.env_action(action), batch_size=obs.shape[:1])
 
 
@@ -255,12 +267,12 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
     dist, newvalue = agent(mb["obs"])
     dist = tempered(dist, args.temperature)
     clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
-    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
+    newlogprob = aggregate(dist.log_prob(mb["action"]), args.loss_agg == "token")  # [B], or [B, E] per token
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
-    adv = mb["advantages"]
+    adv = mb["advantages"].view(-1, *[1] * (ratio.dim() - 1))  # (per token: every entry of a decision gets its own)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -306,7 +318,13 @@ class Collector:
         seeds = {name: shared.stream_seed(args.seed, name) for name in ("train_envs", "collector")}
         self.next_obs, self.next_index = envs.reset(seed=seeds["train_envs"])[0], 0  # or load_state()
         self.generator = torch.Generator(device=device).manual_seed(seeds["collector"])  # its own stream
-        self.step = partial(collector_step, agent, generator=self.generator, temperature=args.temperature)
+        self.step = partial(
+            collector_step,
+            agent,
+            generator=self.generator,
+            temperature=args.temperature,
+            per_token=args.loss_agg == "token",
+        )
         self.piece, self.amp = args.micro_batch_size or sys.maxsize, shared.autocast(args.autocast, device)
         self.decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
         self.task_names, self.consumed, self.error = envs.metadata.get("task_names"), 0, None  # (see publish, _run)
@@ -427,9 +445,10 @@ class Collector:
 
     def _collect(self, version: int) -> dict | None:
         args, device, obs_space = self.args, self.next_obs.device, self.envs.single_observation_space
+        action = action_space(self.envs, args).shape
         data = shared.rollout_storage(  # TensorDict observations are stored as they come, uint8 images as uint8
-            args.num_steps, args.num_envs, device, obs=obs_space, final_obs=obs_space,
-            action=(action_space(self.envs, args).shape, torch.float32), logprob=((), torch.float32),
+            args.num_steps, args.num_envs, device, obs=obs_space, final_obs=obs_space, action=(action, torch.float32),
+            logprob=((math.prod(action),) if args.loss_agg == "token" else (), torch.float32),  # (per token: per entry)
             reward=((), torch.float32), discount=((), torch.float32), terminated=((), torch.bool),
             done=((), torch.bool), version=((), torch.long),
         )  # fmt: skip
@@ -462,7 +481,9 @@ def main(args: Args) -> dict:
     validate(args)
     env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
-    resume_same = {k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr")}
+    resume_same = {
+        k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr", "loss_agg")
+    }  # (pending rollouts hold its log-probs)
     ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, ["ppo_vla_async"], env, same,
                                               resume_same)  # fmt: skip
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)

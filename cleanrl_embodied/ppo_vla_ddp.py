@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -99,6 +100,10 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     critic_warmup_iterations: int = 0
     """iterations that train the value head alone before the policy moves (RLinf's critic warm-up: a fresh value head
     on a behaviour-cloned policy first learns its returns); needs the policy's `value_parameters()`"""
+    loss_agg: Literal["decision", "token"] = "decision"
+    """decision: one ratio per decision (its log-prob summed over the chunk's K*D action entries); token: a ratio per
+    entry, clipped per entry and averaged over entries (DAPO's token-level loss, as VLA-RL recipes apply it to action
+    tokens)"""
     temperature: float = 1.0
     """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
     SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
@@ -177,7 +182,7 @@ def action_space(envs, args: Args):
     return shared.chunk_space(space, args.action_chunk) if args.action_chunk > 1 else space
 
 
-def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict, temperature: float) -> TensorDict:
+def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict, temperature: float, per_token: bool) -> TensorDict:
     """Sample a raw action (a Gaussian sample, bin indices; a chunk's K actions at once); return it with its log-prob
     (summed over the action's entries), V(obs) and the action the env gets."""
     dist, value = agent(obs)
@@ -186,7 +191,7 @@ def policy_step(agent: nn.Module, obs: torch.Tensor | TensorDict, temperature: f
     action = dist.rsample() if isinstance(dist, torch.distributions.Normal) else dist.sample()
     return TensorDict(
         action=action,
-        logprob=dist.log_prob(action).flatten(1).sum(-1),
+        logprob=aggregate(dist.log_prob(action), per_token),
         value=value,
         env_action=agent.env_action(action),
         batch_size=obs.shape[:1],
@@ -200,6 +205,13 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
     if isinstance(dist, torch.distributions.Normal):
         return dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
     return dist.sample(generator=generator)
+
+
+def aggregate(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """Per-entry log-probs (or entropies) [B, ...] of a decision's action: summed over its entries, the decision's
+    [B], or kept per entry [B, E] (--loss-agg token: a ratio per action token)."""
+    x = x.flatten(1)
+    return x if per_token else x.sum(-1)
 
 
 def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
@@ -274,12 +286,12 @@ def ppo_loss(agent: nn.Module, mb: TensorDict, args: Args) -> tuple[torch.Tensor
     dist, newvalue = agent(mb["obs"])
     dist = tempered(dist, args.temperature)
     clip_high = args.clip_coef if args.clip_coef_high is None else args.clip_coef_high
-    newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
+    newlogprob = aggregate(dist.log_prob(mb["action"]), args.loss_agg == "token")  # [B], or [B, E] per token
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
     ratio = logratio.exp()
 
-    adv = mb["advantages"]
+    adv = mb["advantages"].view(-1, *[1] * (ratio.dim() - 1))  # (per token: every entry of a decision gets its own)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + clip_high)).mean()
     if args.clip_vloss:
         v_clipped = mb["value"] + (newvalue - mb["value"]).clamp(-args.clip_coef, args.clip_coef)
@@ -403,7 +415,9 @@ def train(
     pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
     policy, value_fn = (
-        compiled(partial(policy_step, agent_inference, temperature=args.temperature)),
+        compiled(
+            partial(policy_step, agent_inference, temperature=args.temperature, per_token=args.loss_agg == "token")
+        ),
         compiled(agent_inference.get_value),
     )
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
@@ -477,7 +491,8 @@ def train(
         device,
         obs=envs.single_observation_space,
         action=(action_space(envs, args).shape, torch.float32),
-        **dict.fromkeys(("logprob", "value", "final_value", "reward", "discount"), ((), torch.float32)),
+        logprob=((math.prod(action_space(envs, args).shape),) if args.loss_agg == "token" else (), torch.float32),
+        **dict.fromkeys(("value", "final_value", "reward", "discount"), ((), torch.float32)),
         **dict.fromkeys(("terminated", "done"), ((), torch.bool)),
     )  # TensorDict observations are stored as they come, uint8 images as uint8
     cpu = device.type == "cpu"  # there, asking whether any episode ended costs nothing (no device to wait for)

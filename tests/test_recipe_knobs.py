@@ -43,12 +43,12 @@ def batch(module, head: str, temperature: float):
     obs, _ = env.reset(seed=0)
     with torch.no_grad():
         if module is ppo_vla_async:
-            out = module.collector_step(agent, obs, torch.Generator().manual_seed(0), temperature)
+            out = module.collector_step(agent, obs, torch.Generator().manual_seed(0), temperature, False)
             value = agent.get_value(obs)
         elif module is grpo_vla:
-            out, value = module.policy_step(agent, obs, temperature), torch.zeros(16)
+            out, value = module.policy_step(agent, obs, temperature, False), torch.zeros(16)
         else:
-            out = module.policy_step(agent, obs, temperature)
+            out = module.policy_step(agent, obs, temperature, False)
             value = out["value"]
     adv = torch.randn(16)
     mb = TensorDict(obs=obs, action=out["action"], logprob=out["logprob"], value=value, advantages=adv,
@@ -170,3 +170,33 @@ def test_critic_warmup_needs_the_policys_value_parameters(tmp_path):
     with pytest.raises(SystemExit) as e:
         ppo_vla.main(ppo_vla.Args(**{**PPO, "policy": "toy_policies:without_forward"}, output_dir=str(tmp_path)))
     assert "value_parameters" in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+@pytest.mark.parametrize("module", [ppo_vla, ppo_vla_ddp, ppo_vla_async, grpo_vla], ids=lambda m: m.__name__[17:])
+def test_token_level_loss_clips_and_averages_each_action_entry(module):
+    """--loss-agg token: one sample whose 3 action entries have ratios 1.5, 0.9 and 1.0 and advantage +1: each entry
+    is clipped on its own (1.5 -> 1.2) and the loss is their mean, -(1.2 + 0.9 + 1.0) / 3; per decision the ratio is
+    their product, 1.35, clipped to 1.2 as a whole."""
+    agent, mb, args = batch(module, "gaussian", 1.0)
+    mb = mb[:1]
+    with torch.no_grad():
+        new = agent.dist(mb["obs"]).log_prob(mb["action"]).flatten(1)  # [1, 3]
+    ratios = torch.tensor([[1.5, 0.9, 1.0]])
+    mb["advantages"] = torch.ones(1)
+    loss_fn = module.grpo_loss if module is grpo_vla else module.ppo_loss
+    off = {k: 0.0 for k in ("ent_coef", "vf_coef", "kl_coef") if hasattr(args, k)}
+    for agg, logprob, expected in (("token", new - ratios.log(), -(1.2 + 0.9 + 1.0) / 3),
+                                   ("decision", (new - ratios.log()).sum(-1), -1.2)):  # fmt: skip
+        mb["logprob"] = logprob
+        mb["ref_logprob"] = new if agg == "token" else new.sum(-1)
+        plain = {"norm_adv": False} if hasattr(args, "norm_adv") else {}
+        loss, _ = loss_fn(agent, mb, module.Args(**{**vars(args), **off, **plain, "loss_agg": agg}))
+        assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("module", [ppo_vla, ppo_vla_async, grpo_vla], ids=lambda m: m.__name__[17:])
+def test_a_run_with_token_level_loss_stores_per_entry_log_probs(module, tmp_path):
+    common = GRPO if module is grpo_vla else {**PPO, "critic_warmup_iterations": 0, "save_freq": 0}
+    out = module.main(module.Args(**{**common, "policy": "toy_policies:ToyVLA"}, output_dir=str(tmp_path),
+                                  loss_agg="token", temperature=1.6, clip_coef_high=0.28))  # fmt: skip
+    assert out["global_step"] > 0 and "losses/policy_loss" in logged(out["run_dir"])
