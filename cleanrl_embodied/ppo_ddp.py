@@ -240,7 +240,7 @@ class Agent(nn.Module):
         std = self.actor_logstd.expand_as(mean).exp()  # validate_args=False: a check would cost a host sync per call
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
-    def _value(self, obs: torch.Tensor | TensorDict, features: torch.Tensor | None) -> torch.Tensor:
+    def _critic_value(self, obs: torch.Tensor | TensorDict, features: torch.Tensor | None) -> torch.Tensor:
         if self.privileged_keys:
             return self.critic(self.normalized(shared.privileged_entries(obs), self.critic_rms)).squeeze(-1)
         return self.critic(features).squeeze(-1)
@@ -248,13 +248,13 @@ class Agent(nn.Module):
     def forward(self, obs: torch.Tensor | TensorDict) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """The action distribution and V(obs), from one pass of the observation through normalizer/encoder."""
         features = self.features(obs)
-        return self._dist(features), self._value(obs, features)
+        return self._dist(features), self._critic_value(obs, features)
 
     def dist(self, obs: torch.Tensor | TensorDict) -> torch.distributions.Normal:
         return self._dist(self.features(obs))
 
     def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
-        return self._value(obs, None if self.privileged_keys else self.features(obs))
+        return self._critic_value(obs, None if self.privileged_keys else self.features(obs))
 
 
 def make_agent(envs, args: Args) -> nn.Module:
