@@ -87,6 +87,9 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     clip_coef_high: float | None = None
     """upper clip of the ratio, 1 + this (DAPO's clip-higher: 0.28 with --clip-coef 0.2 leaves low-probability actions
     room to grow); None: --clip-coef"""
+    privileged_critic: bool = False
+    """V(obs) from an MLP of the trainer's own on the observation's privileged entry (PushCubeRL's `privileged_state`)
+    instead of the policy's value head; the actor never reads it (docs/env-contract.md)"""
     critic_warmup_iterations: int = 0
     """iterations that train the value head alone before the policy moves (RLinf's critic warm-up: a fresh value head
     on a behaviour-cloned policy first learns its returns); needs the policy's `value_parameters()`"""
@@ -147,6 +150,27 @@ and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/b
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
+class PrivilegedCritic(nn.Module):
+    """--privileged-critic: the policy acts as it is; V(obs) comes from the trainer's own MLP on the observation's
+    privileged entry (simulator state), not from the policy's value head (RL4VLA compares the two)."""
+
+    def __init__(self, policy: nn.Module, obs_space, hidden: int = 256):
+        super().__init__()
+        self.policy, self.privileged_keys, width = policy, (shared.PRIVILEGED_KEY,), shared.privileged_dim(obs_space)
+        self.critic = nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                                    nn.Linear(hidden, 1))  # fmt: skip
+        self.dist, self.env_action = policy.dist, policy.env_action  # the actor: the policy's, unchanged
+
+    def get_value(self, obs: torch.Tensor | TensorDict) -> torch.Tensor:
+        return self.critic(shared.privileged_entries(obs)).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor | TensorDict) -> tuple:
+        return self.dist(obs), self.get_value(obs)
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.critic.parameters())
+
+
 def make_agent(envs, args: Args) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
     env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
@@ -157,10 +181,16 @@ def make_agent(envs, args: Args) -> nn.Module:
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations else ()
+        ("value_parameters",) if args.critic_warmup_iterations and not args.privileged_critic else ()
     )
-    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
-                        args, needs)  # fmt: skip
+    obs_space = envs.single_observation_space
+    policy = shared.build_policy(args.policy, args.policy_kwargs, obs_space, action_space(envs, args), args, needs)
+    if args.privileged_critic and not shared.privileged_dim(obs_space):
+        example = """--env-kwargs '{"obs_mode": "state+rgb", "privileged_state": true}'"""
+        shared.fail(
+            f"--privileged-critic: {args.env_id} observes no '{shared.PRIVILEGED_KEY}' entry (PushCubeRL: {example})"
+        )
+    return PrivilegedCritic(policy, obs_space) if args.privileged_critic else policy
 
 
 def action_space(envs, args: Args):
@@ -323,7 +353,7 @@ def main(args: Args) -> dict:
         args.eval_checkpoint,
         ["ppo_vla", "ppo_vla_ddp"],
         env_options,
-        same={k: flags[k] for k in ("policy", "policy_kwargs", *ACTION_ARGS)},
+        same={k: flags[k] for k in ("policy", "policy_kwargs", "privileged_critic", *ACTION_ARGS)},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr")},
     )
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)

@@ -41,7 +41,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("sample_with", VLA),
     ("tempered", VLA),
     ("eval_action", VLA),
-    ("make_agent", PPO_VLA),
+    ("make_agent", ("ppo_vla_ddp", "ppo_vla_async")),  # ppo_vla's also wraps a --privileged-critic
     ("step_decision", PPO_VLA),
     ("ppo_loss", PPO_VLA),
     ("backward_piece", PPO_VLA),

@@ -139,3 +139,52 @@ def test_privileged_critic_without_a_privileged_entry_is_one_line(tmp_path):
     message = str(e.value.code)
     assert message.startswith("error: --privileged-critic:") and '"privileged_state": true' in message
     assert "\n" not in message
+
+
+VLA_ENV = {"obs_mode": "state+rgb", "image_size": 16, "action_mode": "ee_delta_pos", "max_episode_steps": 10}
+
+
+def test_ppo_vla_privileged_critic_values_from_the_privileged_entry_and_acts_without_it(tmp_path):
+    from cleanrl_embodied import ppo_vla
+
+    env_kwargs = {**VLA_ENV, "privileged_state": True}
+    args = ppo_vla.Args(env_id="PushCubeLangRL", env_kwargs=json.dumps(env_kwargs), policy="toy_policies:ToyVLA",
+                        privileged_critic=True, num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1,
+                        num_eval_envs=4, num_eval_episodes=4, eval_freq=0, save_freq=0, cuda=False, compile="off",
+                        total_timesteps=2 * 32, output_dir=str(tmp_path / "run"))  # fmt: skip
+    env = shared.make_env("PushCubeLangRL", 8, "cpu", seed=0, **env_kwargs)
+    agent = ppo_vla.make_agent(env, args)
+    assert agent.privileged_keys == (shared.PRIVILEGED_KEY,)
+    obs, _ = env.reset(seed=0)
+    changed = obs.clone()
+    changed[shared.PRIVILEGED_KEY] = torch.randn_like(obs[shared.PRIVILEGED_KEY])
+    with torch.no_grad():
+        (a, va), (b, vb) = agent(obs), agent(changed)
+        assert torch.equal(a.mean, b.mean) and not torch.allclose(va, vb)  # the actor ignores it, the critic reads it
+        other = obs.clone()
+        other["state"] = other["state"] + 1.0
+        assert torch.equal(agent.get_value(other), va)  # and the critic reads nothing else
+    out = ppo_vla.main(args)
+    model = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert any(k.startswith("critic.") for k in model) and out["global_step"] == 64
+    with pytest.raises(SystemExit) as e:
+        ppo_vla.main(
+            ppo_vla.Args(**{**vars(args), "env_kwargs": json.dumps(VLA_ENV), "output_dir": str(tmp_path / "x")})
+        )
+    assert str(e.value.code).startswith("error: --privileged-critic:") and "\n" not in str(e.value.code)
+
+
+def test_the_hf_vla_policy_acts_on_observations_with_a_privileged_entry():
+    from cleanrl_embodied import ppo_vla
+    from examples.hf_vla import make_policy
+
+    env_kwargs = {**VLA_ENV, "image_size": 32, "privileged_state": True}
+    env = shared.make_env("PushCubeLangRL", 2, "cpu", seed=0, **env_kwargs)
+    args = ppo_vla.Args(env_id="PushCubeLangRL", env_kwargs=json.dumps(env_kwargs), action_head="bins",
+                        action_bins=8, cuda=False)  # fmt: skip
+    policy = make_policy(env.single_observation_space, env.single_action_space, args, lora_rank=2, head_hidden=8)
+    obs, _ = env.reset(seed=0)
+    changed = obs.clone()
+    changed[shared.PRIVILEGED_KEY] = changed[shared.PRIVILEGED_KEY] + 5.0
+    with torch.no_grad():
+        assert torch.equal(policy.dist(obs).logits, policy.dist(changed).logits)
