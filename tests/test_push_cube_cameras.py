@@ -182,3 +182,20 @@ def test_ppo_continuous_trains_on_both_cameras_with_a_cnn_each(tmp_path: Path):
     for i in (0, 1):  # each camera's CNN learnt in the second iteration
         assert any(not torch.equal(a, cnn(last["model"], i)[k]) for k, a in cnn(first["model"], i).items())
     assert [path for path, _, _ in last["env"]["observation"]["leaves"]] == ["rgb", "state", "wrist"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_both_cameras_step_without_a_host_sync_on_a_gpu():
+    """Everything the cameras draw stays on the device: no step (autoresets included) waits for the host."""
+    env = PushCubeRLVecEnv(num_envs=64, device="cuda", seed=0, obs_mode="proprio+rgb", obs_cameras=BOTH,
+                           privileged_state=True, max_episode_steps=3)  # fmt: skip
+    env.reset(seed=0)
+    actions = 2 * torch.rand(6, 64, 7, device="cuda") - 1
+    env.step(actions[0])  # (first calls may set things up)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for action in actions[1:]:
+            obs, *_ = env.step(action)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert obs["wrist"].device.type == "cuda" and obs["wrist"].shape == (64, 3, 64, 64)

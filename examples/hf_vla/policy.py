@@ -743,7 +743,8 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     ``--action-head/--action-bins/--action-chunk``. ``--policy-kwargs`` keys (docs/VLA.md): architecture
     (``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``: fresh builds only),
     heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``,
-    ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; all fixed by a saved VLA),
+    ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; ``cameras``: the image entries in
+    the order of their image tokens, default all of them sorted; all fixed by a saved VLA),
     statistics (``action_stats``: "env_bounds" or a statistics file, default the model directory's
     ``dataset_statistics.json``, refused when absent; ``unnorm_key``: its entry), and ``model_path``,
     ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear", a regex or a list of module names),

@@ -107,7 +107,7 @@ DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observatio
 
 # The constructor options that define what a policy sees (the observation's layout and frame) and what its actions
 # mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
-# noise, rewards, episode ends, goals, cameras) may change (shared/checkpoints.py).
+# noise, rewards, episode ends, goals, render()'s camera) may change (shared/checkpoints.py).
 INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "obs_cameras",
                     "cube_dynamics", "base_pos", "tasks", "instruction_length")  # fmt: skip
 
@@ -213,13 +213,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]}, ``"proprio+rgb"`` adds the robot's
     own state {"state": float32 [N, 17]} (qpos, qvel, tcp_pos: what ManiSkill's rgb mode gives a policy
     besides the camera; cube and goal are seen only in the image) and ``"state+rgb"`` the full state
-    {"state": float32 [N, 31]} (``image_size``, default 64 x 64);
+    {"state": float32 [N, 31]} (``image_size``, default 64 x 64); ``obs_cameras=("top", "wrist")`` adds the wrist
+    camera's image {"wrist": uint8 [N, 3, H, W]} (``("wrist",)``: that one alone, no "rgb");
     ``info["final_obs"]`` has the same structure. Observation noise applies to the state only.
 
-    Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y), cropped
-    to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and the goals it
-    implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest cube's
-    push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
+    Observation camera "top" (rgb modes, the entry "rgb"): top-down and orthographic (image columns along +x, rows
+    along -y), cropped to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and
+    the goals it implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest
+    cube's push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
     y in [-0.265, 0.265] m, 8.3 mm per pixel at 64 x 64, so the cube is about 5 pixels wide. The scene is a
     height map: every primitive writes the pixels it covers where it is higher than what is there (one
     scatter-max of height|material keys per primitive), so the draw order needs no per-env sorting. Shown: the
@@ -232,6 +233,16 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     (the links as 2 x 2 pixel blocks one pixel apart), so an image costs a few passes over its pixels plus a
     few hundred pixels of drawing per env. A step draws the images twice (the final state and, after the
     autoreset, the current one), so rgb modes step much slower than the state mode, which draws nothing.
+
+    Wrist camera (``obs_cameras`` holding "wrist", the entry "wrist"): the same drawing through a top-down window
+    ``WRIST_VIEW_WIDTH`` (0.2 m) wide centred on each env's TCP, which moves with it (axis-aligned with the world: it
+    does not turn with the hand), 3.1 mm per pixel at 64 pixels wide, so the 4 cm cube is about 13 pixels wide and
+    fills a good part of the image when the TCP is at it. The TCP's disk is always at the centre (its colour still
+    tells its height, and its shadow's offset too); the arm links are not drawn (a camera on the hand does not see
+    the arm behind it). Both views share the drawing code (``_ObsView``: pixel size, window edges, tiles, link
+    points); a primitive whose tile would hold more pixels than the image (the goal region, 0.1 m in radius) is drawn
+    over the whole image in place. With both cameras a step draws four images and costs 1.5-1.6 times a top-only step
+    at 64 x 64 on a CPU, about 2-2.3 times at 128 x 128 (docs/push-cube.md).
 
     Cube dynamics (``cube_dynamics``): ``"kinematic"`` (default) moves a pushed cube by exactly the TCP's
     penetration and leaves it there; ``"sliding"`` also gives it the TCP's velocity along the contact normal,
