@@ -2,6 +2,7 @@
 
     uv run python benchmarks/push_cube_rgb_speed.py                       # ~2 min on a 2-core CPU
     uv run python benchmarks/push_cube_rgb_speed.py --num-envs 256 --image-sizes 64 --rounds 3
+    uv run python benchmarks/push_cube_rgb_speed.py --wrist --out docs/results/push_cube_wrist_speed  # + wrist camera
 
 For every N in `--num-envs` it builds the state env (obs_mode="state", the default) and one rgb env per size in
 `--image-sizes`, all with seed 0, in this one process (`--threads` pinned, OMP_NUM_THREADS too). Random actions
@@ -9,6 +10,9 @@ for all steps are drawn up front. After `--warmup` steps (left out), every env s
 the variants of one N interleaved round after round (so that a change of machine load hits them alike); a step
 includes the autoreset of the finished envs (SAME_STEP) and, in rgb mode, drawing the images of the final
 state and of the state after the reset. Reported: the median over `--rounds` of env-steps/s (N * steps / time).
+`--wrist` adds, per size, an rgb env with the wrist camera too (`obs_cameras=("top", "wrist")`: two images a step),
+reports its step cost against the top camera's alone, and saves `examples_wrist_64.png` (both views of 4 envs
+pushed by the scripted expert) instead of the top camera's examples.
 
 Writes `speed.md`, `speed.json`, `speed.png` (steps/s, log scale) and example observations (`examples_64.png`:
 4 envs at reset and after 10 and 20 random steps, 64 x 64 upscaled 4x; `examples_128.png` the same at 128) to
@@ -55,6 +59,8 @@ class Args:
     out: str = str(RESULTS_DIR / "push_cube_rgb_speed")
     examples: bool = True
     """also save example observations (PNG)"""
+    wrist: bool = False
+    """also step rgb envs with the wrist camera (obs_cameras top and wrist) and compare their step cost"""
 
 
 def measure(args: Args, num_envs: int) -> dict[str, float]:
@@ -63,6 +69,11 @@ def measure(args: Args, num_envs: int) -> dict[str, float]:
     for size in args.image_sizes:
         variants[f"rgb {size}x{size}"] = PushCubeRLVecEnv(num_envs=num_envs, device=args.device, seed=0,
                                                           obs_mode="rgb", image_size=size)  # fmt: skip
+        if args.wrist:
+            variants[f"rgb+wrist {size}x{size}"] = PushCubeRLVecEnv(
+                num_envs=num_envs, device=args.device, seed=0, obs_mode="rgb", image_size=size,
+                obs_cameras=("top", "wrist"),
+            )  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     total = args.warmup + args.rounds * args.steps
     actions = (2 * torch.rand(total, num_envs, 7, generator=generator) - 1).to(args.device)
@@ -109,6 +120,32 @@ def save_examples(args: Args, size: int, path: Path, upscale: int) -> None:
     Image.fromarray(np.kron(grid, np.ones((upscale, upscale, 1), dtype=np.uint8))).save(path)
 
 
+def save_wrist_examples(args: Args, size: int, path: Path, upscale: int) -> None:
+    """4 envs (column pairs: top view, wrist view) at reset and after 6 and 12 steps of the scripted expert (rows)."""
+    from PIL import Image
+
+    from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+
+    env = PushCubeRLVecEnv(num_envs=4, device=args.device, seed=0, obs_mode="rgb", image_size=size,
+                           obs_cameras=("top", "wrist"), cube_yaw_range=0.5)  # fmt: skip
+    obs, _ = env.reset(seed=1)
+    rows = [obs]
+    for _ in range(2):
+        for _ in range(6):
+            obs, *_ = env.step(expert_action(env))
+        rows.append(obs)
+    gap, pair_gap = 2, 6  # white pixels between the two views of an env, and between envs
+    width = 4 * (2 * size + gap + pair_gap)
+    grid = np.full((3 * (size + gap), width, 3), 255, dtype=np.uint8)
+    for i, row in enumerate(rows):
+        for j in range(4):
+            for k, key in enumerate(("rgb", "wrist")):
+                x = j * (2 * size + gap + pair_gap) + k * (size + gap)
+                grid[i * (size + gap) : i * (size + gap) + size, x : x + size] = (
+                    row[key][j].cpu().permute(1, 2, 0).numpy())  # fmt: skip
+    Image.fromarray(np.kron(grid, np.ones((upscale, upscale, 1), dtype=np.uint8))).save(path)
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
@@ -142,6 +179,13 @@ def report(data: dict) -> str:
         rates = [data["results"][n][name] for n in data["results"]]
         ratios = [data["results"][n][name] / data["results"][n]["state"] for n in data["results"]]
         rows.append([name, *[f"{r:,.0f}" for r in rates], *[f"{r:.3f}" for r in ratios]])
+    wrist = [name for name in names if name.startswith("rgb+wrist ")]
+    costs = [
+        f"- the wrist camera: a step of `{name}` costs "
+        + " / ".join(f"{data['results'][n][name.replace('+wrist', '')] / data['results'][n][name]:.2f}" for n in sizes)
+        + f" times one of `{name.replace('+wrist', '')}` at {' / '.join(sizes)} envs"
+        for name in wrist
+    ]
     lines = [
         f"PushCubeRL env-only throughput ({data['device']}, {data['threads']} thread(s)): median over "
         f"{data['rounds']} rounds of {data['steps']} steps, {data['warmup']} warm-up steps left out; random "
@@ -155,12 +199,17 @@ def report(data: dict) -> str:
         f"{' (dirty)' if data['git'].get('git_dirty') else ''}",
         "",
         md_table(header, rows),
+        *([""] + costs if costs else []),
         "",
         "![steps/s](speed.png)",
         "",
-        "Example observations (64 x 64, upscaled 4x; columns: 4 envs, rows: reset, after 10 and after 20 random "
-        "steps): ![examples](examples_64.png)",
     ]
+    if costs:
+        lines.append("Both cameras (64 x 64, upscaled 4x; column pairs: top and wrist view of 4 envs; rows: reset, "
+                     "after 6 and after 12 steps of the scripted expert): ![wrist](examples_wrist_64.png)")  # fmt: skip
+    else:
+        lines.append("Example observations (64 x 64, upscaled 4x; columns: 4 envs, rows: reset, after 10 and after 20 "
+                     "random steps): ![examples](examples_64.png)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -186,7 +235,9 @@ def main(args: Args) -> None:
     )
     (out / "speed.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "speed.png")
-    if args.examples:
+    if args.examples and args.wrist:
+        save_wrist_examples(args, 64, out / "examples_wrist_64.png", upscale=4)
+    elif args.examples:
         save_examples(args, 64, out / "examples_64.png", upscale=4)
         save_examples(args, 128, out / "examples_128.png", upscale=2)
     (out / "speed.md").write_text(f"# PushCubeRL image observations: env speed\n\n{report(data)}\n")

@@ -99,7 +99,7 @@ def test_builds_a_tiny_smolvlm_offline_and_acts_with_both_heads(model_type, mode
     assert tokenizer.convert_ids_to_tokens(list(range(vocab - 16, vocab))) == [f"<bin_{i}>" for i in range(16)]
     assert tokenizer.convert_ids_to_tokens(list(range(vocab - 18, vocab - 16))) == MARKERS  # then the bins
     assert policy.backbone.get_output_embeddings().weight.shape[0] == vocab
-    image = policy.image_tokens(policy.pixels(obs["rgb"], torch.float32))
+    image = policy.image_tokens(obs, torch.float32)
     assert policy.backbone.model.image_seq_len == 4 and image.shape == (4, 2 + 4 + 1, 64)
     dist, value = policy(obs)
     action = dist.sample()

@@ -49,9 +49,10 @@ CASES = {  # kwarg: (bad value, what the message must say it allows)
     "camera": ("fisheye", "'top' or 'front' or 'side' or 'perspective'"),
     "render_mode": ("human", "None or 'rgb_array'"),
     "image_size": (0, "a positive integer or (height, width) of positive integers"),
+    "obs_cameras": ("wrist", "['top'] or ['wrist'] or ['top', 'wrist'] (the cameras of the image observations)"),
+    "privileged_state": ("yes", "true or false"),
     "tasks": (["up"], "null or a list of distinct task names from forward, left, back, right"),
     "instruction_length": (8, "an integer >= 26 (bytes of the longest instruction)"),
-    "privileged_state": ("yes", "true or false"),
 }
 # device and seed come from the trainer (--cuda, --seed); given in --env-kwargs too they are refused as duplicates
 SET_BY_THE_TRAINER = {"device", "seed"}

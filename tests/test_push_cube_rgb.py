@@ -32,8 +32,8 @@ def tcp_mask(rgb: torch.Tensor) -> torch.Tensor:
 
 def pixel_to_world(env: PushCubeRLVecEnv, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     """World xy of (fractional) pixel coordinates of the observation camera (pixel centres at +0.5)."""
-    pixel = env._pixel_size
-    return torch.stack((env._view_x0 + (col + 0.5) * pixel, env._view_y1 - (row + 0.5) * pixel), -1)
+    view = env._obs_views[0]  # the top view, at a fixed place
+    return torch.stack((view.x0 + (col + 0.5) * view.pixel, view.y1 - (row + 0.5) * view.pixel), -1)
 
 
 def centroid(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +115,7 @@ def test_state_mode_draws_no_images(monkeypatch):
     def fail(self):
         raise AssertionError("rendered in state mode")
 
-    monkeypatch.setattr(PushCubeRLVecEnv, "_render_obs", fail)
+    monkeypatch.setattr(PushCubeRLVecEnv, "_render_images", fail)
     env = PushCubeRLVecEnv(num_envs=N, seed=0)
     env.reset(seed=0)
     obs, *_ = env.step(random_actions((N, 7), 0))
@@ -216,11 +216,12 @@ def test_cube_pixels_track_the_cube():
     # The rest-pose TCP and arm are around y = 0: the cube moves along y = -0.12 and then up to y = -0.05.
     for xy in ([-0.1, -0.12], [0.0, -0.12], [0.1, -0.12], [0.25, -0.12], [0.25, -0.05]):
         set_state(env, cube_xy=torch.tensor([xy]), cube_yaw=torch.zeros(1))
-        image = env._render_obs()[0]
+        image = env._render_images()["rgb"][0]
         mask = cube_mask(image)
-        assert 0.7 * (size / env._pixel_size) ** 2 <= mask.sum() <= 1.5 * (size / env._pixel_size) ** 2 + 4
+        pixel = env._obs_views[0].pixel
+        assert 0.7 * (size / pixel) ** 2 <= mask.sum() <= 1.5 * (size / pixel) ** 2 + 4
         row, col = centroid(mask)
-        assert torch.allclose(pixel_to_world(env, row, col), torch.tensor(xy), atol=0.6 * env._pixel_size)
+        assert torch.allclose(pixel_to_world(env, row, col), torch.tensor(xy), atol=0.6 * pixel)
         if previous is not None:
             assert col > previous[1] + 5 if xy[0] > previous_xy[0] else row < previous[0] - 5  # right, or up
         previous, previous_xy = (row, col), xy
@@ -236,9 +237,9 @@ def test_goal_tcp_and_tcp_height_are_visible():
         goal_region = (g > 200) & (r > 130) & (r < 180)  # light green disk
         assert goal_centre.sum() >= 3 and goal_region.sum() > 300
         goal_row, goal_col = centroid(goal_centre)
-        assert torch.allclose(pixel_to_world(env, goal_row, goal_col), env.goal_xy[row], atol=env._pixel_size)
+        assert torch.allclose(pixel_to_world(env, goal_row, goal_col), env.goal_xy[row], atol=env._obs_views[0].pixel)
         tcp_row, tcp_col = centroid(tcp_mask(image))
-        assert torch.allclose(pixel_to_world(env, tcp_row, tcp_col), env.tcp_pos[row, :2], atol=env._pixel_size)
+        assert torch.allclose(pixel_to_world(env, tcp_row, tcp_col), env.tcp_pos[row, :2], atol=env._obs_views[0].pixel)
     high_green = obs["rgb"][:, 1][tcp_mask(obs["rgb"])].float().mean()
     high_z = env.tcp_pos[:, 2].clone()
     for _ in range(15):  # straight down to the table (or the cube's top)
@@ -263,7 +264,7 @@ def test_tcp_shadow_meets_the_tcp_when_it_is_down():
         return float(centroid(dark)[0] - tcp_row)
 
     high = shadow_gap(obs["rgb"][0])
-    expected = 0.5 * (float(env.tcp_pos[0, 2])) / env._pixel_size
+    expected = 0.5 * (float(env.tcp_pos[0, 2])) / env._obs_views[0].pixel
     assert abs(high - expected) < 2.0 and high > 5
     for _ in range(15):
         obs, *_ = env.step(torch.tensor([[0.0, 0.0, -1.0]]))

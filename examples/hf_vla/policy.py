@@ -4,12 +4,15 @@ and a value head; the VLA trainers' ``--policy`` contract (docs/POLICIES.md, doc
 
 One forward pass reads the sequence
 
-    [image tokens (SigLIP patches, projected)] [state token, if the env gives "state"] [prompt] [K*D action slots]
+    [image tokens (SigLIP patches, projected), camera after camera] [state token, if the env gives "state"] [prompt]
+    [K*D action slots]
 
 (SmolVLM's image tokens sit between its processor's markers: ``<fake_token_around_image> <global-img>`` ...
-``<fake_token_around_image>``, one global image, no tiles) with bidirectional attention over all of it (PaliGemma's
-prefix attention; OpenVLA-OFT's parallel decoding; SmolVLA's prefix over image and language): the
-image resized and normalised as the family's processor does (PaliGemma: bicubic, mean and std 0.5), the state
+``<fake_token_around_image>``, one global image per camera, no tiles) with bidirectional attention over all of it
+(PaliGemma's prefix attention; OpenVLA-OFT's parallel decoding; SmolVLA's prefix over image and language): every
+image entry of the observation (the cameras, in ``VLAConfig.cameras``' order) resized and normalised as the family's
+processor does (PaliGemma: bicubic, mean and std 0.5) and through the vision tower, their tokens one camera's after
+the other as PaliGemma lays out several images of a sample, the state
 normalised with the dataset statistics, the prompt with the family's suffix (PaliGemma's processor ends the prefix
 with a newline), and the action slots ``<act>`` placeholder tokens plus a learned query per slot (Gemma's vocabulary
 has no ``<act>``, so a real checkpoint's slots embed ``<pad>``: harmless, the queries and positions tell the slots
@@ -67,7 +70,7 @@ from transformers.utils import logging as hf_logging
 
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, is_instruction_space
-from cleanrl_embodied.shared.tensordict_helpers import PRIVILEGED_KEY
+from cleanrl_embodied.shared.tensordict_helpers import PRIVILEGED_KEY, is_image
 from examples.hf_vla.action_tokens import CONVENTIONS, ActionTokenMap, build_action_token_map
 from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
@@ -208,7 +211,8 @@ class VLAConfig:
     action_dim: int = 7  # D
     action_low: list[float] = field(default_factory=list)  # the env's per-step bounds [D] (checked on loading)
     action_high: list[float] = field(default_factory=list)
-    image_size: tuple[int, int] = (64, 64)  # H, W of the env's "rgb" image
+    image_size: tuple[int, int] = (64, 64)  # H, W of the env's images (every camera's)
+    cameras: list[str] = field(default_factory=lambda: ["rgb"])  # the image entries, in the image tokens' order
     image_resample: str = "bicubic"  # how an image of another size is resized to the vision tower's
     image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])  # (x / 255 - mean) / std per channel
     image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
@@ -365,8 +369,9 @@ class HFVLAPolicy(nn.Module):
     ``forward(obs) -> (dist, value)``, ``dist(obs)``, ``get_value(obs) -> [B]``, ``env_action(raw)``, plus
     ``reference_dist(obs)`` (adapters off, heads as built) and ``save_pretrained(path)``.
 
-    ``obs``: a TensorDict with ``"rgb"`` (uint8 [B, 3, H, W]), ``"instruction"`` (byte tokens, ``shared.language``)
-    unless ``config.instruction`` fixes it, and ``"state"`` (float [B, S]) when ``config.state_dim``.
+    ``obs``: a TensorDict with every camera of ``config.cameras`` (uint8 [B, 3, H, W] each; ``"rgb"`` by default),
+    ``"instruction"`` (byte tokens, ``shared.language``) unless ``config.instruction`` fixes it, and ``"state"``
+    (float [B, S]) when ``config.state_dim``.
     """
 
     def __init__(
@@ -473,7 +478,7 @@ class HFVLAPolicy(nn.Module):
     def _prompt(self, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         if self._fixed_prompt is None or INSTRUCTION_KEY in obs.keys():
             return self.prompts(obs[INSTRUCTION_KEY])
-        ids, mask = (t.to(obs["rgb"].device) for t in self._fixed_prompt)
+        ids, mask = (t.to(obs[self.config.cameras[0]].device) for t in self._fixed_prompt)
         n = obs.shape[0]
         return ids.expand(n, -1), mask.expand(n, -1)
 
@@ -482,7 +487,7 @@ class HFVLAPolicy(nn.Module):
         model = self.backbone.model  # the family's base model: vision tower, projector or connector, language model
         embed = model.get_input_embeddings()
         dtype = embed.weight.dtype
-        image = self.image_tokens(self.pixels(obs["rgb"], dtype)).to(dtype)
+        image = self.image_tokens(obs, dtype)
         ids, mask = self._prompt(obs)
         batch = ids.shape[0]
         parts, masks = [image], [torch.ones(image.shape[:2], dtype=mask.dtype, device=mask.device)]
@@ -499,24 +504,29 @@ class HFVLAPolicy(nn.Module):
         # contiguous: a strided input lets CPU matmuls round differently for equal weights at other addresses
         return hidden[:, -self.num_slots :].contiguous(), pooled
 
-    def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The vision tower's input [B, 3, h, w] -> the image's embeddings in the language model [B, n, H].
+    def image_tokens(self, obs: TensorDict, dtype: torch.dtype) -> torch.Tensor:
+        """The image tokens [B, C*T, H] of the C cameras (``config.cameras``, T tokens each), camera after camera.
 
-        PaliGemma: SigLIP and the projector. Idefics3 / SmolVLM: one global image, no tiles (what SmolVLA feeds
-        it): SigLIP's last hidden state through the connector (pixel shuffle by ``scale_factor``, a linear map; the
-        model's own ``image_seq_len`` tokens), between the embeddings of the processor's markers
-        (``<fake_token_around_image> <global-img>`` ... ``<fake_token_around_image>``): what the model's forward
-        computes for ``input_ids`` with those markers around ``image_seq_len`` ``<image>`` tokens and
-        ``pixel_values`` [B, 1, 3, h, w] (tested), without its host sync over which images are padding."""
-        model = self.backbone.model
+        PaliGemma, as it lays out C images of a sample: the vision tower reads ``pixel_values`` [B*C, 3, h, w] (a
+        sample's images one after the other) and its ``C * T`` ``<image>`` tokens take their features in that order.
+        Idefics3 / SmolVLM: one global image per camera, no tiles (what SmolVLA feeds it): SigLIP's last hidden state
+        through the connector (pixel shuffle by ``scale_factor``, a linear map; the model's own ``image_seq_len``
+        tokens), between the embeddings of the processor's markers (``<fake_token_around_image> <global-img>`` ...
+        ``<fake_token_around_image>``): what the model's forward computes for ``input_ids`` with those markers around
+        ``image_seq_len`` ``<image>`` tokens (tested), without its host sync over which images are padding."""
+        cameras = self.config.cameras
+        images = obs[cameras[0]] if len(cameras) == 1 else torch.stack([obs[key] for key in cameras], 1).flatten(0, 1)
+        pixels, model = self.pixels(images, dtype), self.backbone.model
         if self.family.forward == "paligemma":
-            return model.get_image_features(pixel_values=pixels).pooler_output
-        tokens = model.connector(model.vision_model(pixel_values=pixels).last_hidden_state)
-        embed = model.get_input_embeddings()
-        batch = tokens.shape[0]
-        start, end = (embed(ids).to(tokens.dtype)[None].expand(batch, -1, -1)
-                      for ids in (self.image_start_ids, self.image_end_ids))  # fmt: skip
-        return torch.cat([start, tokens, end], 1)
+            tokens = model.get_image_features(pixel_values=pixels).pooler_output
+        else:
+            tokens = model.connector(model.vision_model(pixel_values=pixels).last_hidden_state)
+            embed = model.get_input_embeddings()
+            start, end = (embed(ids).to(tokens.dtype)[None].expand(tokens.shape[0], -1, -1)
+                          for ids in (self.image_start_ids, self.image_end_ids))  # fmt: skip
+            tokens = torch.cat([start, tokens, end], 1)
+        tokens = tokens.to(dtype)
+        return tokens.reshape(-1, len(cameras) * tokens.shape[1], tokens.shape[2])
 
     def language_model(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The language model's last hidden states [B, L, H] over ``embeds`` [B, L, H], with bidirectional attention
@@ -684,7 +694,8 @@ class HFVLAPolicy(nn.Module):
 ARCHITECTURE_KWARGS = ("model_type", "hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size",
                        "scale_factor")  # fmt: skip
 PATCH_SIZE = {"paligemma": 16, "smolvlm": 8, "idefics3": 8}  # a fresh model's default patch size
-HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens")
+HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens",
+               "cameras")  # fmt: skip
 RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd")
 STATS_KWARGS = ("action_stats", "unnorm_key")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -737,15 +748,27 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
         fail(f"--policy-kwargs: train_action_tokens must be true or false, got {kwargs['train_action_tokens']!r}")
 
 
-def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: str | None) -> dict[str, Any]:
-    """What the env and the trainer's flags fix: action head, bins, chunk, dim, bounds, image size, state size."""
+def _env_config(
+    obs_space: gym.Space, act_space: gym.Space, args, instruction: str | None, cameras: list[str] | None = None
+) -> dict[str, Any]:
+    """What the env and the trainer's flags fix: action head, bins, chunk, dim, bounds, image size, the cameras (the
+    image entries: ``cameras`` in its order, by default all of them in sorted order), state size."""
     spaces = obs_space.spaces if isinstance(obs_space, gym.spaces.Dict) else {}
-    rgb = spaces.get("rgb")
-    if rgb is None or rgb.dtype != np.uint8 or len(rgb.shape) != 3 or rgb.shape[0] != 3:
+    images = sorted(key for key, space in spaces.items() if is_image(space))
+    if not images or any(spaces[key].shape[0] != 3 for key in images):
         fail(
-            f'examples.hf_vla needs observations with an "rgb" uint8 [3, H, W] image, the env gives {obs_space} '
-            '(e.g. --env-id PushCubeLangRL --env-kwargs \'{"obs_mode": "rgb"}\')'
+            'examples.hf_vla needs observations with uint8 [3, H, W] images (e.g. "rgb"), the env gives '
+            f'{obs_space} (e.g. --env-id PushCubeLangRL --env-kwargs \'{{"obs_mode": "rgb"}}\')'
         )
+    named = isinstance(cameras, list) and all(isinstance(c, str) for c in cameras)
+    if cameras is not None and not (named and sorted(cameras) == images):
+        fail(
+            f"--policy-kwargs: cameras must list the env's image entries {images} each once, in the order of their "
+            f"image tokens; got {cameras!r}"
+        )
+    sizes = sorted({tuple(spaces[key].shape[1:]) for key in images})
+    if len(sizes) > 1:
+        fail(f"examples.hf_vla needs its cameras' images of one size, the env's {images} are {sizes} (H, W)")
     if INSTRUCTION_KEY in spaces and not is_instruction_space(spaces[INSTRUCTION_KEY]):
         fail(
             f"examples.hf_vla: the observation's {INSTRUCTION_KEY!r} entry is not instruction tokens (shared.language)"
@@ -755,9 +778,9 @@ def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: s
             "examples.hf_vla: the env's observations hold no instruction; name one with --policy-kwargs "
             '\'{"instruction": "push the cube to the goal"}\' (or use a language task such as PushCubeLangRL)'
         )
-    extra = sorted(set(spaces) - {"rgb", "state", INSTRUCTION_KEY, PRIVILEGED_KEY})  # (a critic's, not ours)
+    extra = sorted(set(spaces) - {*images, "state", INSTRUCTION_KEY, PRIVILEGED_KEY})  # (privileged: a critic's)
     if extra:
-        fail(f"examples.hf_vla reads the observation entries rgb, state and instruction; the env also gives {extra}")
+        fail(f"examples.hf_vla reads the observation's images, state and instruction; the env also gives {extra}")
     state = spaces.get("state")
     if state is not None and len(state.shape) != 1:
         fail(f'examples.hf_vla: the "state" entry must be a vector, got shape {state.shape}')
@@ -776,7 +799,8 @@ def _env_config(obs_space: gym.Space, act_space: gym.Space, args, instruction: s
         "action_dim": act_space.shape[-1],
         "action_low": [float(x) for x in low[0]],
         "action_high": [float(x) for x in high[0]],
-        "image_size": tuple(int(s) for s in rgb.shape[1:]),
+        "image_size": sizes[0],
+        "cameras": list(cameras) if cameras is not None else images,
         "state_dim": int(state.shape[0]) if state is not None else 0,
     }
 
@@ -886,7 +910,8 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     (``model_type``, ``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``,
     ``scale_factor``: fresh builds only),
     heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``,
-    ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; all fixed by a saved VLA),
+    ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; ``cameras``: the image entries in
+    the order of their image tokens, default all of them sorted; all fixed by a saved VLA),
     statistics (``action_stats``: "env_bounds" or a statistics file, default the model directory's
     ``dataset_statistics.json``, refused when absent; ``unnorm_key``: its entry), and ``model_path``,
     ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear", a regex or a list of module names),
@@ -902,9 +927,9 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
         "alpha": kwargs.get("lora_alpha", 32),
         "targets": kwargs.get("lora_targets", DEFAULT_LORA_TARGETS),
     }
-    env = _env_config(obs_space, act_space, args, kwargs.get("instruction"))
+    env = _env_config(obs_space, act_space, args, kwargs.get("instruction"), kwargs.get("cameras"))
     head_kwargs = {k: kwargs[k] for k in HEAD_KWARGS if k in kwargs}
-    config_kwargs = {k: v for k, v in head_kwargs.items() if k != "action_tokens"}
+    config_kwargs = {k: v for k, v in head_kwargs.items() if k not in ("action_tokens", "cameras")}  # (env has them)
     where = f"--policy-kwargs model_path {model_path!r}" if model_path else "examples.hf_vla"
     with torch.random.fork_rng(devices=[]):  # the build's random draws leave the trainer's streams alone
         torch.manual_seed(kwargs.get("init_seed", 0))
@@ -1001,6 +1026,9 @@ def _saved_config(saved: dict[str, Any], env: dict[str, Any], head_kwargs: dict,
     ]
     if config.action_head == "bins":
         checks.append(("action_bins", "--action-bins"))
+    if sorted(config.cameras) != sorted(env["cameras"]):
+        fail(f"model_path {model_path!r} was saved for the cameras {config.cameras}, but the env's observation gives "
+             f"the image entries {sorted(env['cameras'])}")  # fmt: skip
     checks += [("image_size", "the env's image size"), ("state_dim", "the env's state size")]
     for key, what in checks:
         have, want = getattr(config, key), env[key]

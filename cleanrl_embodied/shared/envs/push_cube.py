@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -106,9 +107,9 @@ DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observatio
 
 # The constructor options that define what a policy sees (the observation's layout and frame) and what its actions
 # mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
-# noise, rewards, episode ends, goals, cameras) may change (shared/checkpoints.py).
-INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "cube_dynamics",
-                    "base_pos", "tasks", "instruction_length")  # fmt: skip
+# noise, rewards, episode ends, goals, render()'s camera) may change (shared/checkpoints.py).
+INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "obs_cameras",
+                    "cube_dynamics", "base_pos", "tasks", "instruction_length")  # fmt: skip
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -158,6 +159,11 @@ OBS_MODES = ("state", "dict", "rgb", "proprio+rgb", "state+rgb")
 IMAGE_OBS_MODES = ("rgb", "proprio+rgb", "state+rgb")
 PROPRIO_DIM = 17  # qpos, qvel, tcp_pos: the first entries of the state observation (OBS_LAYOUT)
 DEFAULT_IMAGE_SIZE = 64
+# The observation cameras (``obs_cameras``) and the observation entry each one fills: "top" looks down on the fixed
+# region of the task, "wrist" looks down from the TCP and moves with it, WRIST_VIEW_WIDTH metres across its image.
+OBS_CAMERA_KEYS = {"top": "rgb", "wrist": "wrist"}
+DEFAULT_OBS_CAMERAS = ("top",)
+WRIST_VIEW_WIDTH = 0.2
 OBS_VIEW_MARGIN = 0.02  # metres of table shown beyond the farthest push point, cube corner and goal centre
 OBS_TABLE_COLOR = (0.78, 0.78, 0.75)
 OBS_GOAL_REGION_COLOR = (0.62, 0.86, 0.56)
@@ -182,6 +188,21 @@ TOP_KEY_HEIGHT = (1 << (31 - MATERIAL_BITS)) - 1  # the TCP is drawn above every
 LINK_POINTS = ((2, 3), (3, 4), (4, 5), (6, 7), (7, 8))
 
 
+@dataclass
+class _ObsView:
+    """One observation camera: its observation entry, square pixels, window and the tiles of what it draws."""
+
+    key: str
+    pixel: float  # metres per pixel
+    x0: float  # world x of the window's left edge ...
+    y1: float  # ... and y of its top edge; relative to the TCP where the view follows it
+    follows_tcp: bool
+    goal_centre_radius: float
+    tcp_disk_radius: float
+    tiles: dict[str, torch.Tensor]  # pixel offsets [k] of each primitive's tile
+    links: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # link start and end points, fractions along
+
+
 class PushCubeRLVecEnv(gym.vector.VectorEnv):
     """Batched PushCube task on torch tensors (Gymnasium vector API, SAME_STEP autoreset).
 
@@ -192,13 +213,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     ``obs_mode="rgb"`` returns a TensorDict {"rgb": uint8 [N, 3, H, W]}, ``"proprio+rgb"`` adds the robot's
     own state {"state": float32 [N, 17]} (qpos, qvel, tcp_pos: what ManiSkill's rgb mode gives a policy
     besides the camera; cube and goal are seen only in the image) and ``"state+rgb"`` the full state
-    {"state": float32 [N, 31]} (``image_size``, default 64 x 64);
+    {"state": float32 [N, 31]} (``image_size``, default 64 x 64); ``obs_cameras=("top", "wrist")`` adds the wrist
+    camera's image {"wrist": uint8 [N, 3, H, W]} (``("wrist",)``: that one alone, no "rgb");
     ``info["final_obs"]`` has the same structure. Observation noise applies to the state only.
 
-    Observation camera (rgb modes): top-down and orthographic (image columns along +x, rows along -y), cropped
-    to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and the goals it
-    implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest cube's
-    push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
+    Observation camera "top" (rgb modes, the entry "rgb"): top-down and orthographic (image columns along +x, rows
+    along -y), cropped to the region where the cube, the goal and the pushing TCP can be: the cube spawn square and
+    the goals it implies (that square shifted by ``goal_distance`` toward ``goal_direction``), widened by the largest
+    cube's push point and ``OBS_VIEW_MARGIN``, in square pixels. With the defaults it shows x in [-0.165, 0.365] and
     y in [-0.265, 0.265] m, 8.3 mm per pixel at 64 x 64, so the cube is about 5 pixels wide. The scene is a
     height map: every primitive writes the pixels it covers where it is higher than what is there (one
     scatter-max of height|material keys per primitive), so the draw order needs no per-env sorting. Shown: the
@@ -211,6 +233,16 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     (the links as 2 x 2 pixel blocks one pixel apart), so an image costs a few passes over its pixels plus a
     few hundred pixels of drawing per env. A step draws the images twice (the final state and, after the
     autoreset, the current one), so rgb modes step much slower than the state mode, which draws nothing.
+
+    Wrist camera (``obs_cameras`` holding "wrist", the entry "wrist"): the same drawing through a top-down window
+    ``WRIST_VIEW_WIDTH`` (0.2 m) wide centred on each env's TCP, which moves with it (axis-aligned with the world: it
+    does not turn with the hand), 3.1 mm per pixel at 64 pixels wide, so the 4 cm cube is about 13 pixels wide and
+    fills a good part of the image when the TCP is at it. The TCP's disk is always at the centre (its colour still
+    tells its height, and its shadow's offset too); the arm links are not drawn (a camera on the hand does not see
+    the arm behind it). Both views share the drawing code (``_ObsView``: pixel size, window edges, tiles, link
+    points); a primitive whose tile would hold more pixels than the image (the goal region, 0.1 m in radius) is drawn
+    over the whole image in place. With both cameras a step draws four images and costs 1.5-1.6 times a top-only step
+    at 64 x 64 on a CPU, about 2-2.3 times at 128 x 128 (docs/push-cube.md).
 
     Cube dynamics (``cube_dynamics``): ``"kinematic"`` (default) moves a pushed cube by exactly the TCP's
     penetration and leaves it there; ``"sliding"`` also gives it the TCP's velocity along the contact normal,
@@ -291,6 +323,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         camera: str = "top",
         render_mode: str | None = "rgb_array",
         image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
+        obs_cameras: Sequence[str] = DEFAULT_OBS_CAMERAS,
         tasks: Sequence[str] | None = None,
         instruction_length: int = DEFAULT_INSTRUCTION_LENGTH,
         privileged_state: bool = False,
@@ -344,6 +377,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             camera: view of ``render()``: "top" (top-down, default), "front", "side" or "perspective".
             render_mode: only "rgb_array" (kept for Gymnasium's make_vec).
             image_size: size of the image observations (rgb modes): an int for square images or (H, W).
+            obs_cameras: the cameras of the image observations (rgb modes), each its own uint8 [N, 3, H, W] entry:
+                ("top",) (default: "rgb", the fixed top-down view), ("wrist",) ("wrist", a top-down view that
+                follows the TCP) or ("top", "wrist") (both); see the class docstring.
             tasks: names of ``TASKS`` drawn uniformly per episode (language-conditioned, see the class
                 docstring); None: the single task of ``goal_direction``.
             instruction_length: bytes of instruction tokens in the observation (with ``tasks``).
@@ -393,6 +429,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.camera = camera
         self.image_size = (int(image_size), int(image_size)) if _is_int(image_size) else tuple(map(int, image_size))
         self._images = obs_mode in IMAGE_OBS_MODES
+        self.obs_cameras = tuple(obs_cameras)
 
         self._build_spaces()
         self.joint_lower, self.joint_upper = franka.joint_limits(self.device)
@@ -452,15 +489,16 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         """Set the single and batched observation/action spaces."""
         state_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
         image_space = gym.spaces.Box(0, 255, (3, *self.image_size), np.uint8)
+        images = {OBS_CAMERA_KEYS[camera]: image_space for camera in self.obs_cameras}
         if self.obs_mode == "state":
             self.single_observation_space = state_space
         elif self.obs_mode == "rgb":
-            self.single_observation_space = gym.spaces.Dict({"rgb": image_space})
+            self.single_observation_space = gym.spaces.Dict(images)
         elif self.obs_mode == "proprio+rgb":
             proprio_space = gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)
-            self.single_observation_space = gym.spaces.Dict({"state": proprio_space, "rgb": image_space})
+            self.single_observation_space = gym.spaces.Dict({"state": proprio_space, **images})
         elif self.obs_mode == "state+rgb":
-            self.single_observation_space = gym.spaces.Dict({"state": state_space, "rgb": image_space})
+            self.single_observation_space = gym.spaces.Dict({"state": state_space, **images})
         else:
             groups: dict[str, dict[str, gym.spaces.Box]] = {}
             for group, name, size in self.obs_layout:
@@ -505,7 +543,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             for key, value in self._sample_start_state().items():
                 setattr(self, key, value)
         info = {"task_id": self.task} if self.task_names else {}
-        return self._format_obs(self._observe(), self._render_obs() if self._images else None), info
+        return self._format_obs(self._observe(), self._render_images() if self._images else None), info
 
     def _parse_group_size(self, options: dict | None) -> int:
         """Group size from reset options (1 when absent), checked against num_envs."""
@@ -635,13 +673,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         done = terminated | truncated
 
         final_obs = self._observe()
-        final_images = self._render_obs() if self._images else None
+        final_images = self._render_images() if self._images else None
         final_task = self.task if self.task_names else None
         final_obs = self._format_obs(final_obs, final_images)  # (the finished episodes' instructions)
         self.prev_action = actions
         self._reset_finished(done)
         obs = self._observe()
-        images = self._render_obs() if self._images else None
+        images = self._render_images() if self._images else None
         info = {
             "final_obs": final_obs,
             "_final_obs": done,
@@ -1001,10 +1039,13 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             obs = obs + self.obs_noise_std.unsqueeze(-1) * noise
         return obs
 
-    def _format_obs(self, flat_obs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor | TensorDict:
-        """The observation in the env's obs_mode from the flat one and the images (rgb modes): state: as is;
-        dict: nested TensorDict; rgb: TensorDict {"rgb"}; proprio+rgb and state+rgb: TensorDict {"state" (the
-        robot's part or all of it), "rgb"}; with tasks each also holds the "instruction". (The rgb modes compute
+    def _format_obs(
+        self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor | TensorDict:
+        """The observation in the env's obs_mode from the flat one and the images (rgb modes: {entry: image} of
+        every camera): state: as is; dict: nested TensorDict; rgb: TensorDict of the images ({"rgb"} by default);
+        proprio+rgb and state+rgb: TensorDict {"state" (the robot's part or all of it), images...}; with tasks each
+        also holds the "instruction". (The rgb modes compute
         the whole flat observation too, so that observation noise draws the same random numbers in every mode and
         a seed gives the same episodes.)"""
         if self.privileged_state:
@@ -1021,17 +1062,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             return obs
         return self._format_untasked(flat_obs, images)
 
-    def _format_untasked(self, flat_obs: torch.Tensor, images: torch.Tensor | None) -> torch.Tensor | TensorDict:
+    def _format_untasked(
+        self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None
+    ) -> torch.Tensor | TensorDict:
         if self.obs_mode == "state":
             return flat_obs
-        if self.obs_mode == "rgb":
-            return TensorDict({"rgb": images}, batch_size=[self.num_envs], device=self.device)
-        if self.obs_mode == "proprio+rgb":
-            return TensorDict(
-                {"state": flat_obs[:, :PROPRIO_DIM], "rgb": images}, batch_size=[self.num_envs], device=self.device
-            )
-        if self.obs_mode == "state+rgb":
-            return TensorDict({"state": flat_obs, "rgb": images}, batch_size=[self.num_envs], device=self.device)
+        if self._images:
+            state = {"rgb": {}, "proprio+rgb": {"state": flat_obs[:, :PROPRIO_DIM]}, "state+rgb": {"state": flat_obs}}
+            return TensorDict({**state[self.obs_mode], **images}, batch_size=[self.num_envs], device=self.device)
         pieces = flat_obs.split([size for _, _, size in self.obs_layout], dim=-1)
         nested: dict[str, dict[str, torch.Tensor]] = {}
         for (group, name, _), piece in zip(self.obs_layout, pieces):
@@ -1159,48 +1197,74 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ image observations
     def _setup_obs_camera(self, goal_directions: list[float]) -> None:
-        """Window, pixel size, tile sizes and colour table of the observation camera (see the class docstring);
-        the window holds the region of every goal direction (of every task)."""
+        """The views of the observation cameras (``obs_cameras``, see the class docstring) and their colour table.
+        The top view's window holds the region of every goal direction (of every task); the wrist view's is
+        ``WRIST_VIEW_WIDTH`` wide around the TCP."""
         height, width = self.image_size
-        half_max = self.param_ranges["cube_half_size"][1]
-        reach = max(math.sqrt(2.0) * half_max, half_max + 2 * TCP_RADIUS + PUSH_POINT_MARGIN) + OBS_VIEW_MARGIN
-        regions = []  # (centre, half-widths) of the region of each goal direction
-        for direction in goal_directions:
-            centre = tuple(0.5 * self.goal_distance * f(direction) for f in (math.cos, math.sin))
-            regions.append((centre, tuple(self.cube_xy_range + abs(c) + reach for c in centre)))
-        if len(regions) == 1:
-            centre, (extent_x, extent_y) = regions[0]
-        else:  # the bounding box of them all
-            lows = [min(c[i] - e[i] for c, e in regions) for i in (0, 1)]
-            highs = [max(c[i] + e[i] for c, e in regions) for i in (0, 1)]
-            centre = tuple(0.5 * (lo + hi) for lo, hi in zip(lows, highs))
-            extent_x, extent_y = (0.5 * (hi - lo) for lo, hi in zip(lows, highs))
-        pixel = max(2 * extent_x / width, 2 * extent_y / height)  # square pixels, the region fits both ways
-        self._pixel_size = pixel
-        self._view_x0 = centre[0] - 0.5 * width * pixel  # left edge
-        self._view_y1 = centre[1] + 0.5 * height * pixel  # top edge
-        self._goal_centre_radius = max(0.012, 2.0 * pixel)
-        self._tcp_disk_radius = max(TCP_RADIUS, 2.0 * pixel)
-        self._link_radius = max(LINK_HALF_WIDTH, 0.75 * pixel)
-        # A disk of radius r around a point in pixel column c covers columns c - floor(r + 1/2) .. c + floor(r + 1/2).
-        tile = lambda radius: torch.arange(
-            -math.floor(radius / pixel + 0.5), math.floor(radius / pixel + 0.5) + 1, device=self.device
-        )  # noqa: E731  (pixel offsets of a disk's tile)
-        self._tile_goal_region, self._tile_goal_centre = tile(self.goal_radius), tile(self._goal_centre_radius)
-        self._tile_cube = tile(math.sqrt(2.0) * half_max)
-        self._tile_tcp = tile(self._tcp_disk_radius)
-        self._tile_shadow = tile(self._tcp_disk_radius + OBS_SHADOW_SLOPE * 2 * half_max)
-        # The links: points spaced one pixel along each link, each drawn as the 2 x 2 pixels around it (a band
-        # 2 pixels wide). The links' lengths are constant, so fixed fractions along them do.
-        rest = franka.forward_kinematics(self.rest_qpos.unsqueeze(0).cpu(), self.base_pos)[0]
-        fractions = [torch.linspace(0.0, 1.0, math.ceil(float((rest[b] - rest[a]).norm()) / pixel) + 1)
-                     for a, b in LINK_POINTS]  # fmt: skip
-        self._link_start = torch.tensor([a for (a, _), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
-        self._link_end = torch.tensor([b for (_, b), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
-        self._link_fraction = torch.cat(fractions).to(self.device).view(1, -1, 1)
-        self._tile_link = torch.arange(2, device=self.device)
+        views = {}
+        if "top" in self.obs_cameras:
+            half_max = self.param_ranges["cube_half_size"][1]
+            reach = max(math.sqrt(2.0) * half_max, half_max + 2 * TCP_RADIUS + PUSH_POINT_MARGIN) + OBS_VIEW_MARGIN
+            regions = []  # (centre, half-widths) of the region of each goal direction
+            for direction in goal_directions:
+                centre = tuple(0.5 * self.goal_distance * f(direction) for f in (math.cos, math.sin))
+                regions.append((centre, tuple(self.cube_xy_range + abs(c) + reach for c in centre)))
+            if len(regions) == 1:
+                centre, (extent_x, extent_y) = regions[0]
+            else:  # the bounding box of them all
+                lows = [min(c[i] - e[i] for c, e in regions) for i in (0, 1)]
+                highs = [max(c[i] + e[i] for c, e in regions) for i in (0, 1)]
+                centre = tuple(0.5 * (lo + hi) for lo, hi in zip(lows, highs))
+                extent_x, extent_y = (0.5 * (hi - lo) for lo, hi in zip(lows, highs))
+            pixel = max(2 * extent_x / width, 2 * extent_y / height)  # square pixels, the region fits both ways
+            x0, y1 = centre[0] - 0.5 * width * pixel, centre[1] + 0.5 * height * pixel  # left and top edges
+            views["top"] = self._obs_view("top", pixel, x0, y1, follows_tcp=False, links=True)
+        if "wrist" in self.obs_cameras:  # edges relative to the TCP: it sits at the image's centre
+            pixel = WRIST_VIEW_WIDTH / width
+            views["wrist"] = self._obs_view("wrist", pixel, -0.5 * width * pixel, 0.5 * height * pixel,
+                                            follows_tcp=True, links=False)  # fmt: skip
+        self._obs_views = [views[camera] for camera in self.obs_cameras]
         self._image_start = (torch.arange(self.num_envs, device=self.device) * height * width).view(-1, 1, 1, 1)
+        self._image_cols = torch.arange(width, device=self.device).view(1, 1, 1, width)  # the whole-image tile
+        self._image_rows = torch.arange(height, device=self.device).view(1, 1, height, 1)
         self._palette = self._obs_palette().to(self.device)
+
+    def _obs_view(self, camera: str, pixel: float, x0: float, y1: float, follows_tcp: bool, links: bool) -> _ObsView:
+        """A view of ``pixel`` metres per pixel with its window's left and top edges at world x0 and y1 (relative to
+        the TCP where it ``follows_tcp``): the radii and the pixel tiles of what it draws, and the points along the
+        arm links (``links``) spaced one pixel apart."""
+        half_max, (height, width) = self.param_ranges["cube_half_size"][1], self.image_size
+        goal_centre_radius, tcp_disk_radius = max(0.012, 2.0 * pixel), max(TCP_RADIUS, 2.0 * pixel)
+
+        def tile(radius: float) -> torch.Tensor | None:
+            """Pixel offsets of a disk's tile; None where the tile would hold as many pixels as the whole image (the
+            goal region in the wrist view), which is then drawn in place (see ``_tiles``)."""
+            # A disk of radius r around a point in column c covers columns c - floor(r + 1/2) .. c + floor(r + 1/2).
+            reach = math.floor(radius / pixel + 0.5)
+            if (2 * reach + 1) ** 2 >= height * width:
+                return None
+            return torch.arange(-reach, reach + 1, device=self.device)
+
+        tiles = {
+            "goal_region": tile(self.goal_radius),
+            "goal_centre": tile(goal_centre_radius),
+            "cube": tile(math.sqrt(2.0) * half_max),
+            "tcp": tile(tcp_disk_radius),
+            "shadow": tile(tcp_disk_radius + OBS_SHADOW_SLOPE * 2 * half_max),
+        }
+        link_points = None
+        if links:
+            # The links: points spaced one pixel along each link, each drawn as the 2 x 2 pixels around it (a band
+            # 2 pixels wide). The links' lengths are constant, so fixed fractions along them do.
+            rest = franka.forward_kinematics(self.rest_qpos.unsqueeze(0).cpu(), self.base_pos)[0]
+            fractions = [torch.linspace(0.0, 1.0, math.ceil(float((rest[b] - rest[a]).norm()) / pixel) + 1)
+                         for a, b in LINK_POINTS]  # fmt: skip
+            start = torch.tensor([a for (a, _), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
+            end = torch.tensor([b for (_, b), f in zip(LINK_POINTS, fractions) for _ in f], device=self.device)
+            link_points = (start, end, torch.cat(fractions).to(self.device).view(1, -1, 1))
+            tiles["link"] = torch.arange(2, device=self.device)
+        return _ObsView(OBS_CAMERA_KEYS[camera], pixel, x0, y1, follows_tcp, goal_centre_radius, tcp_disk_radius,
+                        tiles, link_points)  # fmt: skip
 
     def _obs_palette(self) -> torch.Tensor:
         """uint8 [3, NUM_MATERIALS * 2 * (OBS_LINK_LEVELS + 1)]: the colour of every (material, in shadow,
@@ -1220,25 +1284,40 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 table.append(torch.where(is_tcp, colors, color))
         return (torch.cat(table) * 255).round().to(torch.uint8).T.contiguous()
 
-    def _tiles(self, x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, shift: float = 0.0):
-        """Pixels near the world points x, y [N, M]: rows and columns ``offsets`` away from the pixel holding the
-        point moved by ``shift`` pixels up and left. Returns the index of each pixel in the images of all envs,
-        flattened (N * H * W, a spare slot, for pixels outside the image), [N, M, k, k], and world x [N, M, 1, k]
-        and y [N, M, k, 1] of the pixel centres."""
+    def _tiles(self, window: tuple, x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor | None,
+               shift: float = 0.0):  # fmt: skip
+        """Pixels near the world points x, y [N, M] in ``window`` (pixel size, and the left and top edges: floats,
+        or [N, 1] per env): rows and columns ``offsets`` away from the pixel holding the point moved by ``shift``
+        pixels up and left. Returns the index of each pixel in the images of all envs, flattened (N * H * W, a
+        spare slot, for pixels outside the image), [N, M, k, k], and world x [N, M, 1, k] and y [N, M, k, 1] of
+        the pixel centres. ``offsets=None`` (M = 1): the whole image, index None (``_draw`` draws it in place)."""
         height, width = self.image_size
-        pixel = self._pixel_size
-        col = torch.floor(((x - self._view_x0) / pixel - shift).clamp(-1e6, 1e6)).long()
-        row = torch.floor(((self._view_y1 - y) / pixel - shift).clamp(-1e6, 1e6)).long()
+        pixel, x0, y1 = window
+        if offsets is None:
+            cols, rows = self._image_cols, self._image_rows
+            if isinstance(x0, torch.Tensor):
+                x0, y1 = x0[..., None, None], y1[..., None, None]
+            return None, x0 + (cols + 0.5) * pixel, y1 - (rows + 0.5) * pixel
+        col = torch.floor(((x - x0) / pixel - shift).clamp(-1e6, 1e6)).long()
+        row = torch.floor(((y1 - y) / pixel - shift).clamp(-1e6, 1e6)).long()
         cols = col[..., None, None] + offsets  # [N, M, 1, k]
         rows = row[..., None, None] + offsets[:, None]  # [N, M, k, 1]
         inside = (cols >= 0) & (cols < width) & (rows >= 0) & (rows < height)
         flat = torch.where(inside, self._image_start + rows * width + cols, self.num_envs * height * width)
-        return flat, self._view_x0 + (cols + 0.5) * pixel, self._view_y1 - (rows + 0.5) * pixel
+        if isinstance(x0, torch.Tensor):  # [N, 1] -> [N, 1, 1, 1], against the tiles
+            x0, y1 = x0[..., None, None], y1[..., None, None]
+        return flat, x0 + (cols + 0.5) * pixel, y1 - (rows + 0.5) * pixel
 
-    @staticmethod
-    def _draw(buffer: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor | None, value, reduce: str = "amax"):
+    def _draw(self, buffer: torch.Tensor, flat: torch.Tensor | None, mask: torch.Tensor | None, value,
+              reduce: str = "amax"):  # fmt: skip
         """buffer[pixel] = max(buffer[pixel], value) (or + value, ``reduce="sum"``) where ``mask`` (tile shape;
-        value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot (the last)."""
+        value broadcasts to it; None: the whole tile); pixels outside the mask go to the spare slot (the last).
+        ``flat=None``: the tile is the whole image (``_tiles``), drawn in place without a scatter."""
+        if flat is None:
+            image = buffer[:-1].view(self.num_envs, 1, *self.image_size)
+            value = mask.to(buffer.dtype) * value  # 0 (the table) outside the mask changes nothing
+            torch.maximum(image, value, out=image) if reduce == "amax" else image.add_(value)
+            return
         if mask is not None:
             flat = torch.where(mask, flat, buffer.shape[0] - 1)
         if isinstance(value, torch.Tensor):
@@ -1247,55 +1326,75 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             value = torch.full(flat.shape, value, dtype=buffer.dtype, device=buffer.device)
         buffer.scatter_reduce_(0, flat.reshape(-1), value.reshape(-1), reduce)
 
-    def _render_obs(self) -> torch.Tensor:
-        """uint8 [N, 3, H, W] images of the current state through the observation camera, all envs at once with
-        tensor ops on the env's device (no host sync). See the class docstring for what is drawn."""
-        num, (height, width) = self.num_envs, self.image_size
+    def _render_images(self) -> dict[str, torch.Tensor]:
+        """{observation entry: uint8 [N, 3, H, W]} of the current state through every observation camera, all envs
+        at once with tensor ops on the env's device (no host sync). See the class docstring for what is drawn."""
+        num = self.num_envs
         col = lambda t: t.view(num, 1, 1, 1)  # noqa: E731  ([N] -> broadcasts against tiles [N, 1, k, k])
+        tcp_x, tcp_y, tcp_z = self.tcp_pos[:, 0], self.tcp_pos[:, 1], self.tcp_pos[:, 2]
+        level = ((tcp_z - TCP_RADIUS) / (OBS_TCP_TOP_HEIGHT - TCP_RADIUS)).clamp(0.0, 1.0) * (OBS_TCP_LEVELS - 1)
+        half = col(self.cube_half_size)
+        scene = {  # what every view draws, computed once
+            "col": col,
+            "tcp": (tcp_x, tcp_y, tcp_z),
+            "tcp_key": col((TOP_KEY_HEIGHT << MATERIAL_BITS) | (MAT_TCP + torch.floor(level + 0.5).to(torch.int32))),
+            "cube_yaw": (col(torch.cos(self.cube_yaw)), col(torch.sin(self.cube_yaw))),
+            "cube_half": half,
+            "cube_key": (torch.floor(2 * half / HEIGHT_QUANTUM).to(torch.int32) << MATERIAL_BITS) | MAT_CUBE,
+        }
+        if any(view.links is not None for view in self._obs_views):
+            scene["arm"] = franka.forward_kinematics(self.qpos, self.base_pos)  # [N, 9, 3]
+        return {view.key: self._render_view(view, scene) for view in self._obs_views}
+
+    def _render_view(self, view: _ObsView, scene: dict) -> torch.Tensor:
+        """uint8 [N, 3, H, W] images through one observation camera (``scene``: see ``_render_images``)."""
+        num, (height, width) = self.num_envs, self.image_size
+        col = scene["col"]
+        tcp_x, tcp_y, tcp_z = scene["tcp"]
+        if view.follows_tcp:  # the window's edges, per env [N, 1]
+            window = (view.pixel, self.tcp_pos[:, :1] + view.x0, self.tcp_pos[:, 1:2] + view.y1)
+        else:
+            window = (view.pixel, view.x0, view.y1)
         # Height map of all envs' images (flat): key = height << MATERIAL_BITS | material, the table (0)
         # everywhere, and one spare slot at the end.
         keys = torch.zeros(num * height * width + 1, dtype=torch.int32, device=self.device)
         goal_x, goal_y = self.goal_xy[:, :1], self.goal_xy[:, 1:]
         goal_disks = (
-            (self.goal_radius, self._tile_goal_region, MAT_GOAL_REGION),
-            (self._goal_centre_radius, self._tile_goal_centre, MAT_GOAL_CENTRE),
+            (self.goal_radius, view.tiles["goal_region"], MAT_GOAL_REGION),
+            (view.goal_centre_radius, view.tiles["goal_centre"], MAT_GOAL_CENTRE),
         )
         for radius, offsets, material in goal_disks if not self.task_names else ():  # tasks: only words tell
-            flat, px, py = self._tiles(goal_x, goal_y, offsets)
+            flat, px, py = self._tiles(window, goal_x, goal_y, offsets)
             self._draw(keys, flat, (px - col(goal_x)) ** 2 + (py - col(goal_y)) ** 2 <= radius * radius, material)
 
-        flat, px, py = self._tiles(self.cube_xy[:, :1], self.cube_xy[:, 1:], self._tile_cube)
-        cos_yaw, sin_yaw = col(torch.cos(self.cube_yaw)), col(torch.sin(self.cube_yaw))
+        flat, px, py = self._tiles(window, self.cube_xy[:, :1], self.cube_xy[:, 1:], view.tiles["cube"])
+        (cos_yaw, sin_yaw), half = scene["cube_yaw"], scene["cube_half"]
         dx, dy = px - col(self.cube_xy[:, 0]), py - col(self.cube_xy[:, 1])
-        half = col(self.cube_half_size)
         inside = ((cos_yaw * dx + sin_yaw * dy).abs() <= half) & ((cos_yaw * dy - sin_yaw * dx).abs() <= half)
-        cube_height = torch.floor(2 * half / HEIGHT_QUANTUM).to(torch.int32)
-        self._draw(keys, flat, inside, (cube_height << MATERIAL_BITS) | MAT_CUBE)
+        self._draw(keys, flat, inside, scene["cube_key"])
 
-        tcp_x, tcp_y, tcp_z = self.tcp_pos[:, 0], self.tcp_pos[:, 1], self.tcp_pos[:, 2]
-        level = ((tcp_z - TCP_RADIUS) / (OBS_TCP_TOP_HEIGHT - TCP_RADIUS)).clamp(0.0, 1.0) * (OBS_TCP_LEVELS - 1)
-        tcp_material = MAT_TCP + torch.floor(level + 0.5).to(torch.int32)
-        flat, px, py = self._tiles(tcp_x.view(num, 1), tcp_y.view(num, 1), self._tile_tcp)
-        inside = (px - col(tcp_x)) ** 2 + (py - col(tcp_y)) ** 2 <= self._tcp_disk_radius**2
-        self._draw(keys, flat, inside, col((TOP_KEY_HEIGHT << MATERIAL_BITS) | tcp_material))
+        flat, px, py = self._tiles(window, tcp_x.view(num, 1), tcp_y.view(num, 1), view.tiles["tcp"])
+        inside = (px - col(tcp_x)) ** 2 + (py - col(tcp_y)) ** 2 <= view.tcp_disk_radius**2
+        self._draw(keys, flat, inside, scene["tcp_key"])
 
         # Palette variant of each pixel, NUM_MATERIALS * (shadow + 2 * link grey level). Arm links first: points
         # along each link, per pixel the highest link's level (a height map of its own).
         variant = torch.zeros_like(keys)
-        points = franka.forward_kinematics(self.qpos, self.base_pos)  # [N, 9, 3]
-        start, end = points[:, self._link_start], points[:, self._link_end]
-        along = start + self._link_fraction * (end - start)  # [N, M, 3]
-        link_level = 1 + torch.floor((along[..., 2] / 0.8).clamp(0.0, 1.0) * (OBS_LINK_LEVELS - 1) + 0.5)
-        flat, _, _ = self._tiles(along[..., 0], along[..., 1], self._tile_link, shift=0.5)
-        self._draw(variant, flat, None, (2 * NUM_MATERIALS * link_level)[..., None, None])
+        if view.links is not None:
+            link_start, link_end, link_fraction = view.links
+            start, end = scene["arm"][:, link_start], scene["arm"][:, link_end]
+            along = start + link_fraction * (end - start)  # [N, M, 3]
+            link_level = 1 + torch.floor((along[..., 2] / 0.8).clamp(0.0, 1.0) * (OBS_LINK_LEVELS - 1) + 0.5)
+            flat, _, _ = self._tiles(window, along[..., 0], along[..., 1], view.tiles["link"], shift=0.5)
+            self._draw(variant, flat, None, (2 * NUM_MATERIALS * link_level)[..., None, None])
         # The TCP's shadow on the table or the cube top: the disk around the TCP shifted toward -y by
         # OBS_SHADOW_SLOPE x (TCP height above the surface at that pixel), where the surface is below the TCP.
-        flat, px, py = self._tiles(tcp_x.view(num, 1), (tcp_y - OBS_SHADOW_SLOPE * tcp_z).view(num, 1),
-                                   self._tile_shadow)  # fmt: skip
-        under = keys[flat]
+        flat, px, py = self._tiles(window, tcp_x.view(num, 1), (tcp_y - OBS_SHADOW_SLOPE * tcp_z).view(num, 1),
+                                   view.tiles["shadow"])  # fmt: skip
+        under = keys[flat] if flat is not None else keys[:-1].view(num, 1, height, width)
         above = col(tcp_z) - (under >> MATERIAL_BITS).float() * HEIGHT_QUANTUM
         inside = (above > 0) & ((under & ((1 << MATERIAL_BITS) - 1)) < MAT_TCP)
-        inside &= (px - col(tcp_x)) ** 2 + (py - col(tcp_y) + OBS_SHADOW_SLOPE * above) ** 2 <= self._tcp_disk_radius**2
+        inside &= (px - col(tcp_x)) ** 2 + (py - col(tcp_y) + OBS_SHADOW_SLOPE * above) ** 2 <= view.tcp_disk_radius**2
         self._draw(variant, flat, inside, NUM_MATERIALS, reduce="sum")  # each pixel of the tile once
 
         index = (keys[:-1] & ((1 << MATERIAL_BITS) - 1)).add_(variant[:-1])
@@ -1356,6 +1455,14 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
     if not ((_is_int(size) and size >= 1) or (isinstance(size, (list, tuple)) and len(size) == 2
                                                 and all(_is_int(v) and v >= 1 for v in size))):  # fmt: skip
         fail("image_size", "a positive integer or (height, width) of positive integers")
+    cameras = args["obs_cameras"]
+    allowed = [list(c) for c in (("top",), ("wrist",), ("top", "wrist"))]
+    if not isinstance(cameras, (list, tuple)) or list(cameras) not in allowed:
+        fail("obs_cameras", " or ".join(map(str, allowed)) + " (the cameras of the image observations)")
+    if tuple(cameras) != DEFAULT_OBS_CAMERAS and args["obs_mode"] not in IMAGE_OBS_MODES:
+        modes = " or ".join(repr(m) for m in IMAGE_OBS_MODES)
+        default = list(DEFAULT_OBS_CAMERAS)
+        fail("obs_cameras", f"{default} with obs_mode {args['obs_mode']!r} (no images); 'wrist' needs {modes}")
     if args["action_mode"] not in ACTION_MODES:
         fail("action_mode", " or ".join(repr(m) for m in ACTION_MODES))
     for kwarg in ("joint_delta_scale", "ee_delta_scale", "max_tcp_speed", "goal_radius", "cube_half_size"):
