@@ -105,7 +105,7 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, ev
     entry, clipped per entry and averaged over entries (DAPO's token-level loss, as VLA-RL recipes apply it to action
     tokens)"""
     temperature: float = 1.0
-    """sampling temperature of the rollout, used for the update's log-probs too (bins: logits / T; Gaussian: std * T);
+    """sampling temperature of the rollout and of the update's log-probs (bins: logits / T; Gaussian: std * sqrt(T));
     SimpleVLA-RL, RLinf and TorchRL's vla_grpo roll out at 1.6; evaluation is unchanged (deterministic: the mode)"""
     clip_vloss: bool = False
     """clip the value loss around the old values"""
@@ -215,12 +215,13 @@ def aggregate(x: torch.Tensor, per_token: bool) -> torch.Tensor:
 
 
 def tempered(dist: torch.distributions.Distribution, temperature: float) -> torch.distributions.Distribution:
-    """`dist` at `temperature` (--temperature): a Gaussian's std times it, a categorical's (the bins') logits divided by
-    it; at 1, `dist` itself. The rollout samples from it and the update's log-probs are taken under it."""
+    """`dist` at `temperature` (--temperature): its density to the power 1/T, renormalised: a categorical's (the bins')
+    logits divided by T, a Gaussian's std times sqrt(T) (its mean, the mode, unchanged); at 1, `dist` itself. The
+    rollout samples from it and the update's log-probs are taken under it."""
     if temperature == 1.0:
         return dist
     if isinstance(dist, torch.distributions.Normal):
-        return torch.distributions.Normal(dist.loc, dist.scale * temperature, validate_args=False)
+        return torch.distributions.Normal(dist.loc, dist.scale * temperature**0.5, validate_args=False)
     return type(dist)(logits=dist.logits / temperature)
 
 

@@ -25,7 +25,7 @@ def test_tempered_divides_the_logits_and_scales_the_std():
     assert hot.entropy().sum() > Bins(logits).entropy().sum()  # a higher temperature spreads the bins
     torch.testing.assert_close(ppo_vla.tempered(Bins(logits), 0.5).logits.exp(), torch.softmax(logits / 0.5, -1))
     normal = torch.distributions.Normal(torch.zeros(2, 3), torch.full((2, 3), 0.5))
-    assert torch.equal(ppo_vla.tempered(normal, 2.0).stddev, torch.full((2, 3), 1.0))
+    torch.testing.assert_close(ppo_vla.tempered(normal, 2.0).stddev, torch.full((2, 3), 0.5 * 2**0.5))  # p^(1/T)
     assert torch.equal(ppo_vla.tempered(normal, 2.0).mean, normal.mean)
     assert ppo_vla.tempered(normal, 1.0) is normal
     assert torch.equal(ppo_vla.tempered(Bins(logits), 3.0).mode, Bins(logits).mode)  # evaluation's mode is unchanged
