@@ -40,6 +40,7 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("in_pieces", VLA),
     ("sample_with", VLA),
     ("tempered", VLA),
+    ("aggregate", VLA),
     ("eval_action", VLA),
     ("make_agent", ("ppo_vla_ddp", "ppo_vla_async")),  # ppo_vla's also wraps a --privileged-critic
     ("step_decision", PPO_VLA),
