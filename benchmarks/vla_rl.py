@@ -1,23 +1,29 @@
-"""RL fine-tuning of the VLA (examples/hf_vla) from a behaviour-cloned start: per seed, behaviour cloning on
-DART demonstrations, then GRPO and PPO from the saved model; a table and curves of deterministic eval success.
+"""What RL adds to a behaviour-cloned VLA (examples/hf_vla), against more imitation for the same compute.
 
-    uv run --extra vla python benchmarks/vla_rl.py                         # seeds 1-4, about 45 min each (2-core CPU)
-    uv run --extra vla python benchmarks/vla_rl.py --seeds 1 --parallel 2  # a seed's GRPO and PPO side by side: ~25 min
-    uv run --extra vla python benchmarks/vla_rl.py --report-only           # redraw from the finished runs
+    uv run --extra vla python benchmarks/vla_rl.py                                    # state+rgb, seeds 1-4
+    uv run --extra vla python benchmarks/vla_rl.py --obs-mode proprio+rgb --rows grpo ppo dagger
+    uv run --extra vla python benchmarks/vla_rl.py --rows grpo_temp --report-only     # redraw (or add a row)
 
-Per seed s, in `--runs-dir`:
-1. `bc_s<s>/`: `examples/hf_vla/bc.py --seed s --demo-noise 0.3` (the env runs the expert's action plus noise, the
-   labels stay clean, so the demonstrations show recoveries; docs/VLA.md says why that matters for RL), bins 16,
-   2000 steps: a start at 0.1-0.55 deterministic eval success (seeds 1-4);
-2. `grpo_s<s>/`: grpo_vla.py from it with a 0/1 success reward, 16 groups of 8, `--advantage episode`, 512k env steps;
-3. `ppo_s<s>/`: ppo_vla.py from it with the same reward, its value head on the VLA's hidden states, 512k;
-4. `final_eval_s<s>.json`: the start and both final policies evaluated on the same 512 episodes (`final_eval`): the
-   gains the table reports are differences on identical starts and instructions.
+Per seed s, in `--runs-dir` (default runs/vla_rl/<obs mode>):
+1. `bc_s<s>/`: `examples/hf_vla/bc.py --seed s --demo-noise 0.3` (DART demonstrations of the scripted expert; the
+   labels stay clean), bins 16, 2000 steps: the start, whatever success it has (every start is reported; the
+   report marks which are in the 20-60% band of partial starts);
+2. one run per `--rows` entry from that start (`ROWS`): GRPO and PPO on a 0/1 success reward, their recipe variants
+   (dynamic sampling, critic warm-up, and the ablations of one knob each), `--timesteps` env steps each; and
+   `dagger`, the control: `examples/hf_vla/dagger.py` for the mean CPU time of the seed's `grpo` and `ppo` runs
+   (or `--dagger-cpu-minutes`), i.e. more imitation of the expert for the compute RL spent;
+3. `final_eval_s<s>.json`: the start and every row's final policy on the same `--final-eval-episodes` episodes,
+   once with the training instructions and once with held-out paraphrases (PushCubeLangRL's
+   `instructions="heldout"`: same starts and tasks, words no training run used): paired differences.
 
-Written to `--out` (default docs/results/vla-rl-cpu/, or vla-rl-cpu-filter-groups/ with `--grpo-filter-groups`):
-`report.md` (the table, the machine, the exact commands), `vla_rl.png` (in-run eval success vs env steps, each
-seed and the mean, the paired evaluation as circles), `runs.json` (what they are drawn from). The report also
-replaces its section of docs/benchmarks.md.
+Each run's CPU seconds (its process, one thread: `OMP_NUM_THREADS=1`) and wall seconds are recorded in
+`<row>_s<s>.time.json`; `--parallel 2` runs two at once on a 2-core machine. A finished run (its time file
+exists) is not run again, so the experiment can be run in parts.
+
+Written to `--out` (default docs/results/vla-rl-control-cpu/ or vla-rl-control-proprio-cpu/): `report.md` (the
+tables: mean and 95% t-interval over seeds of success, of the gain over the start and of the difference to the
+control; every seed's numbers; minutes; the exact commands), `vla_rl.png`, `runs.json`. The report also replaces
+its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Literal
 
 import numpy as np
 import tyro
@@ -47,246 +54,359 @@ from benchlib import (
     write_section,
 )
 
-OBS = {"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}
-SPARSE = {**OBS, "reward_weights": {"reach": 0, "place": 0, "time": 0, "success": 1}}  # 1 on success, else 0
-ALGOS = ("grpo", "ppo")
+SPARSE_REWARD = {"reach": 0, "place": 0, "time": 0, "success": 1}  # 1 on success, else 0
 FINAL_EVAL_KEY = 1000  # the paired final evaluation's seed stream: a spawn key no shared.runtime.STREAMS entry uses
-START_RANGE = (0.2, 0.6)  # the partial starts the result is about: RL should raise them by 0.30 or to 0.9
+START_BAND = (0.2, 0.6)  # the partial starts the question is about
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # Student t, two-sided 95%
+
+# row -> (label, trainer, its extra flags); "dagger" is the control (examples/hf_vla/dagger.py)
+ROWS = {
+    "dagger": ("DAgger, same CPU time (control)", None, []),
+    "grpo": ("GRPO", "grpo_vla", []),
+    "grpo_dyn": ("GRPO, dynamic sampling", "grpo_vla", ["--min-informative-groups", "16", "--max-draws", "3"]),
+    "ppo": ("PPO", "ppo_vla", []),
+    "ppo_warm": ("PPO, critic warm-up", "ppo_vla", ["--critic-warmup-iterations", "2"]),
+    "grpo_filter": ("GRPO, filtered groups (no resampling)", "grpo_vla", ["--filter-groups"]),
+    "grpo_temp": ("GRPO, temperature 1.6", "grpo_vla", ["--temperature", "1.6"]),
+    "grpo_cliphigh": ("GRPO, clip-higher 0.28", "grpo_vla", ["--clip-coef-high", "0.28"]),
+    "grpo_token": ("GRPO, per-token loss", "grpo_vla", ["--loss-agg", "token"]),
+    "ppo_temp": ("PPO, temperature 1.6", "ppo_vla", ["--temperature", "1.6"]),
+}
+DEFAULT_ROWS = ("grpo", "grpo_dyn", "ppo", "ppo_warm", "dagger")
 
 
 @dataclass
 class Args:
     seeds: tuple[int, ...] = (1, 2, 3, 4)
-    """seeds: of the demonstrations and behaviour cloning, and of the RL run from that start"""
-    runs_dir: str = "runs/vla_rl"
-    """where the behaviour-cloned models and the run directories go"""
+    """seeds: of the demonstrations and behaviour cloning, and of every run from that start"""
+    obs_mode: Literal["state+rgb", "proprio+rgb"] = "state+rgb"
+    """what the VLA sees besides the instruction: the full state and the image, or the robot's own state and the
+    image (the cube's position only in the image)"""
+    rows: tuple[str, ...] = DEFAULT_ROWS
+    """the runs from each start (keys of ROWS); `dagger` is the imitation control"""
+    runs_dir: str | None = None
+    """where the starts and the runs go (None: runs/vla_rl/<obs mode>)"""
     out: str | None = None
-    """where report.md, vla_rl.png and runs.json go (None: docs/results/vla-rl-cpu, or vla-rl-cpu-filter-groups
-    with --grpo-filter-groups); a directory of docs/results also gets its section of docs/benchmarks.md"""
-    grpo_timesteps: int = 512_000
-    """env steps of each GRPO run"""
-    grpo_filter_groups: bool = False
-    """GRPO with --filter-groups (groups whose members all got the same return leave the update): the ablation on
-    docs/VLA.md, run into its own --runs-dir (a runs dir holds one setting)"""
-    ppo_timesteps: int = 512_000
-    """env steps of each PPO run"""
+    """where report.md, vla_rl.png and runs.json go (None: docs/results/vla-rl-control-cpu, or
+    vla-rl-control-proprio-cpu for proprio+rgb); a directory of docs/results also gets its docs/benchmarks.md
+    section"""
+    timesteps: int = 128_000
+    """env steps of each RL run (dynamic sampling's extra draws count)"""
     bc_steps: int = 2000
     """Adam steps of behaviour cloning"""
     demo_noise: float = 0.3
     """DART noise of the demonstrations (bc.py --demo-noise)"""
-    parallel: int = 1
-    """RL runs at a time (each pinned to one thread); 2 on a 2-core machine runs a seed's GRPO and PPO together"""
-    final_eval_episodes: int = 512
-    """episodes of the paired final evaluation: the start and each algorithm's final policy on the same starts"""
+    dagger_cpu_minutes: float | None = None
+    """the control's budget (None: the mean CPU minutes of the seed's grpo and ppo runs)"""
+    parallel: int = 2
+    """runs at a time (each one thread)"""
+    final_eval_episodes: int = 256
+    """episodes of each paired final evaluation (one per instruction set)"""
     report_only: bool = False
-    """read the finished runs in --runs-dir and write the report; run nothing"""
+    """run nothing: read what is finished in --runs-dir and write the report"""
+
+
+def env_options(args: Args) -> dict:
+    return {"obs_mode": args.obs_mode, "image_size": 64, "action_mode": "ee_delta_pos"}
+
+
+def runs_dir(args: Args) -> Path:
+    return Path(args.runs_dir or f"runs/vla_rl/{args.obs_mode.replace('+', '_')}")
 
 
 def bc_command(args: Args, seed: int) -> list[str]:
     return [
-        sys.executable, str(REPO / "examples/hf_vla/bc.py"), "--out", str(Path(args.runs_dir) / f"bc_s{seed}"),
-        "--env-kwargs", json.dumps(OBS), "--action-head", "bins", "--action-bins", "16",
+        sys.executable, str(REPO / "examples/hf_vla/bc.py"), "--out", str(runs_dir(args) / f"bc_s{seed}"),
+        "--env-kwargs", json.dumps(env_options(args)), "--action-head", "bins", "--action-bins", "16",
         "--steps", str(args.bc_steps), "--seed", str(seed), "--demo-noise", str(args.demo_noise),
         "--eval-episodes", "256",
     ]  # fmt: skip
 
 
-def rl_command(args: Args, algo: str, seed: int) -> list[str]:
-    common = [
-        "--env-id", "PushCubeLangRL", "--env-kwargs", json.dumps(SPARSE),
-        "--policy", "examples.hf_vla:make_policy",
-        "--policy-kwargs", json.dumps({"model_path": str(Path(args.runs_dir) / f"bc_s{seed}")}),
+def row_command(args: Args, row: str, seed: int, dagger_minutes: float | None = None) -> list[str]:
+    out = runs_dir(args) / f"{row}_s{seed}"
+    if row == "dagger":
+        minutes = "<the seed's mean RL CPU minutes>" if dagger_minutes is None else f"{dagger_minutes:.3f}"
+        return [sys.executable, str(REPO / "examples/hf_vla/dagger.py"), "--model-path",
+                str(runs_dir(args) / f"bc_s{seed}"), "--out", str(out), "--cpu-minutes", minutes,
+                "--seed", str(seed)]  # fmt: skip
+    _, trainer, extra = ROWS[row]
+    command = [
+        sys.executable, str(REPO / f"cleanrl_embodied/{trainer}.py"), "--env-id", "PushCubeLangRL",
+        "--env-kwargs", json.dumps({**env_options(args), "reward_weights": SPARSE_REWARD}),
+        "--policy-kwargs", json.dumps({"model_path": str(runs_dir(args) / f"bc_s{seed}")}),
         "--action-head", "bins", "--action-bins", "16", "--num-envs", "128",
         "--num-minibatches", "4", "--update-epochs", "2", "--learning-rate", "3e-4",
-        "--total-timesteps", str(args.grpo_timesteps if algo == "grpo" else args.ppo_timesteps), "--eval-freq", "4",
-        "--num-eval-envs", "64", "--num-eval-episodes", "128", "--save-freq", "10", "--seed", str(seed),
-        "--output-dir", str(Path(args.runs_dir) / f"{algo}_s{seed}"), "--exp-name", algo,
+        "--total-timesteps", str(args.timesteps), "--eval-freq", "5", "--num-eval-envs", "64",
+        "--num-eval-episodes", "64", "--save-freq", "10", "--seed", str(seed), "--output-dir", str(out),
+        "--exp-name", row,
     ]  # fmt: skip
-    if algo == "grpo":
-        return [sys.executable, str(REPO / "cleanrl_embodied/grpo_vla.py"), *common, "--group-size", "8",
-                "--advantage", "episode"] + ["--filter-groups"] * args.grpo_filter_groups  # fmt: skip
-    return [sys.executable, str(REPO / "cleanrl_embodied/ppo_vla.py"), *common, "--num-steps", "50",
-            "--gamma", "0.99", "--gae-lambda", "0.95"]  # fmt: skip
+    if trainer == "grpo_vla":
+        command += ["--group-size", "8", "--advantage", "episode"]
+    else:
+        command += ["--num-steps", "50", "--gamma", "0.99", "--gae-lambda", "0.95"]
+    return command + extra
 
 
-def run(cmd: list[str], log: Path) -> None:
+def time_file(args: Args, name: str) -> Path:
+    return runs_dir(args) / f"{name}.time.json"
+
+
+def run(args: Args, name: str, cmd: list[str]) -> dict:
+    """Run ``cmd`` (one thread), its output to ``<name>.log``; record its CPU and wall seconds in the time file."""
+    log = runs_dir(args) / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
+    start = time.time()
     with log.open("w") as f:
-        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    if code:
-        sys.exit(f"error: {shell_command(cmd)} exited {code}; its output is in {log}")
+        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise RuntimeError(f"{shell_command(cmd)} exited {process.returncode}; its output is in {log}")
+    record = {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.time() - start, "command": shell_command(cmd)}
+    time_file(args, name).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{name}: {record['cpu_s'] / 60:.1f} CPU min, {record['wall_s'] / 60:.1f} wall min", flush=True)
+    return record
 
 
-def run_dir(args: Args, algo: str, seed: int) -> Path | None:
-    """The newest run directory with a summary.json under --runs-dir/<algo>_s<seed>/ (None if none finished)."""
-    done = sorted(Path(args.runs_dir, f"{algo}_s{seed}").glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
+def recorded(args: Args, name: str) -> dict | None:
+    path = time_file(args, name)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def dagger_budget(args: Args, seed: int) -> float:
+    if args.dagger_cpu_minutes is not None:
+        return args.dagger_cpu_minutes
+    times = [recorded(args, f"{row}_s{seed}") for row in ("grpo", "ppo")]
+    if any(t is None for t in times):
+        sys.exit(f"error: seed {seed}: the control's budget needs the grpo and ppo runs (or --dagger-cpu-minutes)")
+    return float(np.mean([t["cpu_s"] for t in times])) / 60
+
+
+def run_all(args: Args) -> None:
+    """Every start and run not yet recorded, then each seed's paired evaluation, ``--parallel`` at a time: the
+    starts first, then per seed its runs, its control (after its grpo and ppo runs) and its evaluation (after all
+    of them, in this process), so the results come seed by seed."""
+    jobs: dict[str, Future] = {}
+
+    def job(name: str, needs: list[str], work) -> None:
+        waits = [jobs[n] for n in needs if n in jobs]  # (queued before this job: a worker never waits on a later one)
+
+        def go():
+            for w in waits:
+                w.result()
+            return work()
+
+        jobs[name] = pool.submit(go)
+
+    def command_job(name: str, needs: list[str], make_cmd) -> None:
+        if recorded(args, name) is None:
+            job(name, needs, lambda: run(args, name, make_cmd()))
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for seed in args.seeds:
+            command_job(f"bc_s{seed}", [], lambda s=seed: bc_command(args, s))
+        for seed in args.seeds:
+            rl_rows = [f"{r}_s{seed}" for r in args.rows if r != "dagger"]
+            for row in [r for r in args.rows if r != "dagger"]:
+                command_job(f"{row}_s{seed}", [f"bc_s{seed}"], lambda r=row, s=seed: row_command(args, r, s))
+            if "dagger" in args.rows:
+                needs = [f"{r}_s{seed}" for r in ("grpo", "ppo")] if args.dagger_cpu_minutes is None else []
+                command_job(f"dagger_s{seed}", [f"bc_s{seed}", *needs],
+                            lambda s=seed: row_command(args, "dagger", s, dagger_budget(args, s)))  # fmt: skip
+            job(f"eval_s{seed}", [f"bc_s{seed}", *rl_rows, f"dagger_s{seed}"], lambda s=seed: final_eval(args, s))
+        for future in jobs.values():
+            future.result()
+
+
+def run_dir(args: Args, row: str, seed: int) -> Path | None:
+    """A row's output: the dagger directory, or the newest RL run directory with a summary.json."""
+    base = runs_dir(args) / f"{row}_s{seed}"
+    if row == "dagger":
+        return base if (base / "dagger.json").is_file() else None
+    done = sorted(base.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
     return done[-1].parent if done else None
 
 
-def paired_env(seed: int, episodes: int):
-    """The envs of seed ``seed``'s paired final evaluation and the seed each evaluation resets them with: one env
-    per episode, seeded from a stream no run draws from; every reset with that seed gives the same starts and
-    instructions, whatever was played before."""
+def paired_env(args: Args, seed: int, instructions: str):
+    """The envs of seed ``seed``'s paired final evaluation (one per episode) and their reset seed, drawn from a
+    stream no run uses: every policy plays the same starts and tasks; ``instructions`` picks the words."""
     from cleanrl_embodied.shared.envs import make_env
 
     reset_seed = int(np.random.SeedSequence(seed, spawn_key=(FINAL_EVAL_KEY,)).generate_state(1)[0] >> 2)
-    return make_env("PushCubeLangRL", num_envs=episodes, seed=reset_seed, **SPARSE), reset_seed
+    options = {**env_options(args), "reward_weights": SPARSE_REWARD, "instructions": instructions}
+    return make_env("PushCubeLangRL", num_envs=args.final_eval_episodes, seed=reset_seed, **options), reset_seed
 
 
 def final_eval(args: Args, seed: int) -> dict:
-    """Paired evaluation of seed ``seed``'s behaviour-cloned start and each algorithm's final checkpoint
-    (``checkpoints/last.pt``): one env per episode (``--final-eval-episodes`` envs), reset from one seed of a
-    stream neither training nor the in-run evaluations draw from, so every policy plays the same starts and
-    instructions once and the gains are differences on the same episodes. Deterministic actions (argmax bins),
-    as in the runs. Written to ``--runs-dir/final_eval_s<seed>.json`` and reused while the runs are unchanged."""
+    """The start and every finished row's final policy (an RL run's ``checkpoints/last.pt``, the control's saved
+    model) on the same episodes, with the training instructions and with the held-out paraphrases; deterministic
+    actions (argmax bins). Cached in ``final_eval_s<seed>.json`` while the files are unchanged."""
     import torch
 
     from cleanrl_embodied.shared.checkpoints import load_model_state
     from examples.hf_vla import make_policy
     from examples.hf_vla.bc import evaluate_policy
 
-    bc_dir = Path(args.runs_dir, f"bc_s{seed}")
-    checkpoints = {"bc": None}
-    for algo in ALGOS:
-        found = run_dir(args, algo, seed)
-        if found is not None and (found / "checkpoints" / "last.pt").is_file():
-            checkpoints[algo] = found / "checkpoints" / "last.pt"
-    files = {name: path or bc_dir / "model.safetensors" for name, path in checkpoints.items()}
-    key = {name: [str(f.resolve()), f.stat().st_mtime_ns] for name, f in files.items()}
+    bc_dir = runs_dir(args) / f"bc_s{seed}"
+    sources = {"bc": (bc_dir, None)}
+    for row in args.rows:
+        found = run_dir(args, row, seed)
+        if found is not None and row == "dagger":
+            sources[row] = (found, None)
+        elif found is not None and (found / "checkpoints" / "last.pt").is_file():
+            sources[row] = (bc_dir, found / "checkpoints" / "last.pt")
+    files = {n: ckpt or d / "model.safetensors" for n, (d, ckpt) in sources.items()}
+    key = {n: [str(f.resolve()), f.stat().st_mtime_ns] for n, f in files.items()}
     key["episodes"] = args.final_eval_episodes
-    cache = Path(args.runs_dir, f"final_eval_s{seed}.json")
-    kept = json.loads(cache.read_text()) if cache.is_file() else {}
-    if kept.get("key") == key:
-        return kept["results"]
-    n = args.final_eval_episodes
-    env, reset_seed = paired_env(seed, n)
+    cache = runs_dir(args) / f"final_eval_s{seed}.json"
+    kept = json.loads(cache.read_text()) if cache.is_file() else {"results": {}}
+    results = {n: r for n, r in kept["results"].items() if kept.get("key", {}).get(n) == key[n]}
+    if kept.get("key", {}).get("episodes") != key["episodes"]:
+        results = {}
     head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
-    results = {}
-    for name, path in checkpoints.items():
-        policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(bc_dir))
-        if path is not None:
-            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
-                ckpt = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
-                sys.exit(f"error: {path}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
-            load_model_state(policy, ckpt, "checkpoint", str(path))
+    envs = {which: paired_env(args, seed, which) for which in ("train", "heldout")}
+    torch.set_num_threads(1)
+    for name, (model_dir, ckpt) in sources.items():
+        if name in results:
+            continue
+        env = envs["train"][0]
+        policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(model_dir))
+        if ckpt is not None:
+            load_model_state(policy, torch.load(ckpt, map_location="cpu", weights_only=True), "checkpoint", str(ckpt))
         with torch.no_grad():
-            results[name] = evaluate_policy(policy.eval(), env, n, reset_seed)  # bc.py's: argmax bins
-        print(f"seed {seed} {name}: success {results[name]['success_rate']:.3f} on {n} paired episodes")
-    env.close()
+            results[name] = {w: evaluate_policy(policy.eval(), e, args.final_eval_episodes, s)
+                             for w, (e, s) in envs.items()}  # fmt: skip
+        print(f"seed {seed} {name}: success {results[name]['train']['success_rate']:.3f} (train), "
+              f"{results[name]['heldout']['success_rate']:.3f} (held out)", flush=True)  # fmt: skip
+    for env, _ in envs.values():
+        env.close()
     cache.write_text(json.dumps({"key": key, "results": results}, indent=1) + "\n")
     return results
 
 
 def collect(args: Args) -> dict:
-    """What the report is drawn from, per seed: the start's success (bc.py's own evaluation), each algorithm's
-    in-run eval curve and minutes, and the paired final evaluation (:func:`final_eval`)."""
     seeds = {}
     for seed in args.seeds:
-        bc_file = Path(args.runs_dir, f"bc_s{seed}", "bc_eval.json")
+        bc_file = runs_dir(args) / f"bc_s{seed}" / "bc_eval.json"
         if not bc_file.is_file():
             continue
-        bc = json.loads(bc_file.read_text())
-        entry = {"bc_success": bc["eval"]["success_rate"], "bc_minutes": bc["wall_s"] / 60}
-        for algo in ALGOS:
-            found = run_dir(args, algo, seed)
+        entry = {"bc_success": json.loads(bc_file.read_text())["eval"]["success_rate"], "times": {}, "curves": {}}
+        for name in ["bc", *args.rows]:
+            t = recorded(args, f"{name}_s{seed}")
+            if t is not None:
+                entry["times"][name] = {"cpu_s": t["cpu_s"], "wall_s": t["wall_s"]}
+        for row in args.rows:
+            found = run_dir(args, row, seed)
             if found is None:
                 continue
+            if row == "dagger":
+                d = json.loads((found / "dagger.json").read_text())
+                entry["curves"][row] = {"env_steps": d["env_steps"], "rounds": d["rounds"], "updates": d["updates"]}
+                continue
             steps, values = read_scalars(found)["eval/success_rate"]
-            summary = json.loads((found / "summary.json").read_text())
-            entry[algo] = {"steps": steps, "success": values, "minutes": summary["wall_time_s"] / 60}
+            env_steps = json.loads((found / "summary.json").read_text())["global_step"]
+            entry["curves"][row] = {"steps": steps, "success": values, "env_steps": env_steps}
         entry["final_eval"] = final_eval(args, seed)
         seeds[str(seed)] = entry
-    return {
-        "seeds": seeds,
-        "final_eval_episodes": args.final_eval_episodes,
-        "commands": {str(s): commands(args, s) for s in args.seeds},
+    commands = {
+        str(s): [shell_command(bc_command(args, s), {"OMP_NUM_THREADS": "1"})]
+        + [shell_command(row_command(args, r, s), {"OMP_NUM_THREADS": "1"}) for r in args.rows]
+        for s in args.seeds
     }
+    return {"obs_mode": args.obs_mode, "rows": list(args.rows), "timesteps": args.timesteps, "seeds": seeds,
+            "final_eval_episodes": args.final_eval_episodes, "commands": commands}  # fmt: skip
 
 
-def commands(args: Args, seed: int) -> list[str]:
-    env = {"OMP_NUM_THREADS": "1"}
-    return [shell_command(bc_command(args, seed), env)] + [
-        shell_command(rl_command(args, algo, seed), env) for algo in ALGOS
-    ]
+def interval(values: list[float]) -> str:
+    """Mean and 95% t-interval half-width over seeds, e.g. "0.62 ± 0.09" (one value: the value alone)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return f"{v.mean():.2f}" if len(v) else ""
+    half = T_975.get(len(v) - 1, 1.96) * v.std(ddof=1) / np.sqrt(len(v))
+    return f"{v.mean():+.2f} ± {half:.2f}" if (v < 0).any() else f"{v.mean():.2f} ± {half:.2f}"
 
 
-def reached(start: float, final: float) -> bool:
-    """The issue's bar: a gain of 0.30 or more, or a final success of 0.9 or more."""
-    return final - start >= 0.30 - 1e-9 or final >= 0.9
+def signed(values: list[float]) -> str:
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return f"{v.mean():+.2f}" if len(v) else ""
+    half = T_975.get(len(v) - 1, 1.96) * v.std(ddof=1) / np.sqrt(len(v))
+    return f"{v.mean():+.2f} ± {half:.2f}"
 
 
 def report(data: dict) -> str:
     seeds, n = data["seeds"], data["final_eval_episodes"]
-    rows, task_rows, run_rows, gains = [], [], [], {a: [] for a in ALGOS}
-    low, high = START_RANGE
+    names = ["bc", *[r for r in data["rows"] if any(r in e["final_eval"] for e in seeds.values())]]
+    label = {"bc": "behaviour-cloned start", **{r: ROWS[r][0] for r in ROWS}}
+
+    def success(entry, name, which):
+        return entry["final_eval"][name][which]["success_rate"]
+
+    rows = []
+    for name in names:
+        have = [e for e in seeds.values() if name in e["final_eval"]]
+        train = [success(e, name, "train") for e in have]
+        held = [success(e, name, "heldout") for e in have]
+        gain = [success(e, name, "train") - success(e, "bc", "train") for e in have]
+        control = [e for e in have if "dagger" in e["final_eval"]]
+        vs_control = [success(e, name, "train") - success(e, "dagger", "train") for e in control]
+        cpu = [e["times"][name]["cpu_s"] / 60 for e in have if name in e["times"]]
+        rows.append([label[name], str(len(have)), interval(train), interval(held),
+                     "" if name == "bc" else signed(gain),
+                     "" if name in ("bc", "dagger") else signed(vs_control),
+                     f"{np.mean(cpu):.1f}" if cpu else ""])  # fmt: skip
+    header = ["policy", "seeds", "success, training instructions", "success, held-out paraphrases",
+              "gain over the start", "difference to the control", "CPU min per seed"]  # fmt: skip
+    low, high = START_BAND
+    seed_rows = []
     for seed, entry in seeds.items():
-        paired = entry["final_eval"]
-        start = paired["bc"]["success_rate"]
-        in_range = low <= start <= high
-        row = [seed, f"{start:.2f}" + ("" if in_range else " (out of range)")]
-        run_row = [seed, f"{entry['bc_success']:.2f}", f"{entry['bc_minutes']:.0f}"]
-        for algo in ALGOS:
-            if algo not in paired:
-                row += ["", ""]
-                run_row += ["", "", "", ""]
-                continue
-            final = paired[algo]["success_rate"]
-            if in_range:
-                gains[algo].append((start, final))
-            row += [f"{final:.2f}", f"{final - start:+.2f}" + ("" if reached(start, final) else " (short)")]
-            curve = entry[algo]["success"]
-            run_row += [f"{curve[-1]:.2f}", f"{np.mean(curve[-3:]):.2f}", f"{max(curve):.2f}",
-                        f"{entry[algo]['minutes']:.0f}"]  # fmt: skip
-        rows.append(row)
-        run_rows.append(run_row)
-        tasks = [k.split("/", 1)[1] for k in paired["bc"] if k.startswith("success_rate/")]
-        for name, result in paired.items():
-            task_rows.append([seed, name.upper() if name in ALGOS else "BC start"] +
-                             [f"{result[f'success_rate/{t}']:.2f}" for t in tasks])  # fmt: skip
-    run_header = ["seed", "BC (bc.py)", "BC min"]
-    run_header += [f"{a.upper()} {what}" for a in ALGOS for what in ("last", "last 3", "best", "min")]
-    lines = [
-        md_table(["seed", "BC start", "GRPO final", "GRPO gain", "PPO final", "PPO gain"], rows),
-        "",
-    ]
-    for algo in ALGOS:
-        if gains[algo]:
-            g = np.array(gains[algo])
-            gain = g[:, 1] - g[:, 0]
-            count = sum(reached(a, b) for a, b in g)
-            lines.append(
-                f"- {algo.upper()}: gain {gain.mean():+.2f} ± {gain.std():.2f} over the {len(g)} seed(s) starting at "
-                f"{low:.0%}-{high:.0%}; {count} of {len(g)} gained 0.30 or more or reached 0.9"
-            )
+        start = success(entry, "bc", "train")
+        band = "in the band" if low <= start <= high else "outside the band"
+        seed_rows.append([seed, f"{start:.2f} ({band})"] + [
+            f"{success(entry, r, 'train'):.2f} / {success(entry, r, 'heldout'):.2f}" if r in entry["final_eval"]
+            else "" for r in names[1:]])  # fmt: skip
+    time_rows = []
+    for seed, entry in seeds.items():
+        cells = []
+        for name in names:
+            t = entry["times"].get(name)
+            steps = entry["curves"].get(name, {}).get("env_steps")
+            cell = f"{t['cpu_s'] / 60:.1f} / {t['wall_s'] / 60:.1f}" if t else ""
+            cells.append(cell + (f" ({steps / 1000:.0f}k)" if steps else ""))
+        time_rows.append([seed, *cells])
     machine = machine_info()
-    lines += [
+    return "\n".join([
+        md_table(header, rows),
         "",
-        f"Success: deterministic (argmax bins), the behaviour-cloned start and each run's final policy (the "
-        f"checkpoint at the end, the learning rate annealed to 0) on the same {n} episodes: one env per episode, "
-        f"reset from one seed no run draws from, so each policy plays the same starts and instructions (a "
-        f"{n}-episode success rate has a standard error of at most {0.5 / np.sqrt(n):.3f}).",
+        f"Mean ± 95% t-interval over seeds (each seed's start and every row from it on the same {n} episodes: "
+        f"one env per episode, reset from a seed no run draws from; deterministic actions, argmax bins; a "
+        f"{n}-episode success rate has a standard error of at most {0.5 / np.sqrt(n):.3f}). The gain and the "
+        "difference to the control are paired per seed. Held-out: the same starts and tasks with paraphrases no "
+        "run trained on (PushCubeLangRL `instructions=\"heldout\"`).",
         "",
-        "Success per task on those episodes:",
+        f"Observation: `{data['obs_mode']}`. RL runs: {data['timesteps']:,} env steps each (dynamic sampling's "
+        "redraws count), 128 envs, learning rate 3e-4, 0/1 success reward. The control: DAgger from the same "
+        "start for the mean CPU time of the seed's GRPO and PPO runs.",
         "",
-        md_table(["seed", "policy", *tasks], task_rows),
+        "Every seed, success with the training instructions / held-out paraphrases:",
         "",
-        "The runs: bc.py's own evaluation of the start (256 episodes), the in-run evaluations (128 fresh episodes "
-        "every 4 iterations, 25,600 env steps: the last one, the mean of the last three, the best) and minutes (each "
-        "run's own loop, one thread, two runs sharing the 2 cores):",
+        md_table(["seed", "start (train)", *[label[r] for r in names[1:]]], seed_rows),
         "",
-        md_table(run_header, run_rows),
+        "CPU / wall minutes of each run (one thread, two runs sharing the 2 cores) and its env steps:",
+        "",
+        md_table(["seed", *[label[r] for r in names]], time_rows),
         "",
         f"Machine: {describe_machine(machine)}; git {git_info().get('git_sha') or '?'}.",
         "",
-        "Commands, per seed (then `benchmarks/vla_rl.py --report-only` for the paired evaluation and this report):",
+        "Commands, per seed (the control's --cpu-minutes is the mean of the seed's GRPO and PPO CPU minutes; "
+        "then `benchmarks/vla_rl.py --report-only` with the same --obs-mode and --rows):",
         "",
         "```bash",
         *[c for cmds in data["commands"].values() for c in cmds],
         "```",
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip
 
 
 def plot(data: dict, path: Path) -> None:
@@ -295,57 +415,47 @@ def plot(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(ALGOS), figsize=(11, 4), sharey=True)
-    for ax, algo in zip(axes, ALGOS):
-        curves = [e[algo] for e in data["seeds"].values() if algo in e]
-        starts = [e["bc_success"] for e in data["seeds"].values() if algo in e]
-        for (seed, entry), color in zip(data["seeds"].items(), ("C0", "C1", "C2", "C3", "C4")):
-            if algo in entry:
-                c = entry[algo]
-                ax.plot([0, *c["steps"]], [entry["bc_success"], *c["success"]], color=color, alpha=0.5,
-                        label=f"seed {seed}")  # fmt: skip
-                paired = entry["final_eval"]
-                if algo not in paired:  # a run without its last checkpoint
-                    continue
-                ax.plot([0, c["steps"][-1]], [paired["bc"]["success_rate"], paired[algo]["success_rate"]], "o",
-                        color=color, mfc="none")  # fmt: skip
-        if curves and all(c["steps"] == curves[0]["steps"] for c in curves):
-            mean = np.mean([[s, *c["success"]] for s, c in zip(starts, curves)], axis=0)
-            ax.plot([0, *curves[0]["steps"]], mean, color="k", lw=2, label="mean")
-        ax.set_title(f"{algo.upper()} from the behaviour-cloned VLA", fontsize=10)
-        ax.plot([], [], "o", color="gray", mfc="none", label=f"paired eval, {data['final_eval_episodes']} episodes")
-        ax.set_xlabel("env steps")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("eval success (deterministic)")
+    seeds = data["seeds"]
+    names = ["bc", *[r for r in data["rows"] if any(r in e["final_eval"] for e in seeds.values())]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4))
+    legend = {"train": "training instructions", "heldout": "held-out paraphrases"}
+    for k, (which, color) in enumerate((("train", "C0"), ("heldout", "C1"))):
+        for i, name in enumerate(names):
+            values = [e["final_eval"][name][which]["success_rate"] for e in seeds.values() if name in e["final_eval"]]
+            x = i + (k - 0.5) * 0.3
+            ax.bar(x, np.mean(values), width=0.28, color=color, alpha=0.5, label=legend[which] if i == 0 else None)
+            ax.plot([x] * len(values), values, "o", color=color, ms=4)
+    ax.set_xticks(range(len(names)), ["BC start" if n == "bc" else ROWS[n][0] for n in names], fontsize=7,
+                  rotation=20)  # fmt: skip
+    ax.set_ylabel("success (deterministic, paired episodes)")
+    ax.set_title(f"VLA on PushCubeLangRL ({data['obs_mode']}): RL vs the imitation control; dots: seeds", fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(args: Args) -> None:
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown:
+        sys.exit(f"error: --rows {' '.join(unknown)}: not a row; the rows are {', '.join(ROWS)}")
     if not args.report_only:
-        for seed in args.seeds:
-            run(bc_command(args, seed), Path(args.runs_dir) / f"bc_s{seed}.log")
-            with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-                jobs = [
-                    pool.submit(run, rl_command(args, algo, seed), Path(args.runs_dir) / f"{algo}_s{seed}.log")
-                    for algo in ALGOS
-                ]
-                for job in jobs:
-                    job.result()
+        run_all(args)
     data = collect(args)
     if not data["seeds"]:
-        sys.exit(f"error: --runs-dir {args.runs_dir}: no finished behaviour cloning (bc_s<seed>/bc_eval.json)")
-    out = Path(args.out) if args.out else RESULTS_DIR / ("vla-rl-cpu" + "-filter-groups" * args.grpo_filter_groups)
-    title = "VLA RL from behaviour cloning" + ", GRPO with --filter-groups" * args.grpo_filter_groups
+        sys.exit(f"error: {runs_dir(args)}: no finished behaviour cloning (bc_s<seed>/bc_eval.json)")
+    name = "vla-rl-control-cpu" if args.obs_mode == "state+rgb" else "vla-rl-control-proprio-cpu"
+    out = Path(args.out) if args.out else RESULTS_DIR / name
+    title = f"VLA: RL against an imitation control ({args.obs_mode})"
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out / "vla_rl.png")
     body = report(data)
     (out / "report.md").write_text(f"# {title} ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
     if out.resolve().parent == RESULTS_DIR.resolve():
-        write_section(RESULTS_MD, out.name, f"## {title} (CPU)\n\n{body}\n\n![VLA RL](results/{out.name}/vla_rl.png)")
+        write_section(RESULTS_MD, out.name, f"## {title}, CPU\n\n{body}\n\n![VLA RL](results/{out.name}/vla_rl.png)")
     print(body)
 
 

@@ -1,7 +1,8 @@
 """The VLA's tokenizer, built in code, and the cache that turns the env's instruction tokens into prompts.
 
 :func:`build_tokenizer` trains a byte-level BPE tokenizer (GPT-2 style: every UTF-8 string encodes, no unknown
-token) on a small corpus, the built-in tasks' instructions and the prompt, so that their words are single tokens,
+token) on a small corpus, the built-in tasks' instructions and their held-out paraphrases in the prompt, so that their
+words are single tokens (as a pretrained tokenizer knows words a fine-tuning run never shows),
 and appends a family's image markers if it has any (SmolVLM's ``<fake_token_around_image>``, ``<global-img>``), then
 ``num_bins`` action tokens ``<bin_0>`` ... ``<bin_{N-1}>`` (the last N ids here): the bins head reads
 them by name (the ``bin_tokens`` convention of ``action_tokens.py``; a real model family's tokenizer has no such
@@ -23,7 +24,7 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from cleanrl_embodied.shared.envs.push_cube import TASKS
+from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, TASKS
 from cleanrl_embodied.shared.language import decode_instructions
 
 __all__ = ["SPECIAL_TOKENS", "PromptCache", "build_tokenizer", "default_corpus"]
@@ -34,8 +35,10 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<image>", "<act>")
 
 
 def default_corpus(prompt_format: str) -> list[str]:
-    """What the tokenizer learns its merges from: the built-in language tasks' instructions in the prompt."""
-    return [prompt_format.format(instruction=text) for _, text in TASKS.values()]
+    """What the tokenizer learns its merges from: the built-in language tasks' instructions and their held-out
+    paraphrases (``HELDOUT_INSTRUCTIONS``, which no training run shows the policy) in the prompt."""
+    texts = [text for _, text in TASKS.values()] + [t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases]
+    return [prompt_format.format(instruction=text) for text in texts]
 
 
 def build_tokenizer(corpus: Iterable[str], num_bins: int, extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast:

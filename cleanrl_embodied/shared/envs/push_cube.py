@@ -103,6 +103,16 @@ TASKS = {
     "right": (-0.5 * math.pi, "push the cube to the right"),
 }
 LANG_TASKS = ("forward", "left", "back", "right")  # PushCubeLangRL's default
+# Paraphrases of each task's instruction that no training run shows the policy (``instructions="heldout"``): the
+# generalisation test of a language-conditioned policy. Per task, from near to far: another verb; another verb and
+# noun, without "to the"; another verb, noun and a direction word the training instructions never use.
+HELDOUT_INSTRUCTIONS = {
+    "forward": ("move the cube forward", "shove the block forward", "slide the box ahead"),
+    "left": ("move the cube to the left", "shove the block left", "slide the box leftward"),
+    "back": ("move the cube back", "shove the block back", "slide the box backward"),
+    "right": ("move the cube to the right", "shove the block right", "slide the box rightward"),
+}
+INSTRUCTION_SETS = ("train", "heldout")
 DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observation
 
 # The constructor options that define what a policy sees (the observation's layout and frame) and what its actions
@@ -326,6 +336,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         obs_cameras: Sequence[str] = DEFAULT_OBS_CAMERAS,
         tasks: Sequence[str] | None = None,
         instruction_length: int = DEFAULT_INSTRUCTION_LENGTH,
+        instructions: str = "train",
         privileged_state: bool = False,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
@@ -383,6 +394,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             tasks: names of ``TASKS`` drawn uniformly per episode (language-conditioned, see the class
                 docstring); None: the single task of ``goal_direction``.
             instruction_length: bytes of instruction tokens in the observation (with ``tasks``).
+            instructions: which words name the tasks (with ``tasks``): "train" (``TASKS``' instruction, the one
+                every training run uses) or "heldout" (per episode one of the task's ``HELDOUT_INSTRUCTIONS``, drawn
+                after everything else, so a seed's first episodes have the same starts and tasks as with "train":
+                an evaluation of generalisation to paraphrases on paired episodes).
             privileged_state: image modes only: the observation also holds the "state" mode's vector (the cube's
                 and the goal's poses included) under "privileged" (``shared.PRIVILEGED_KEY``), for a critic
                 that sees what the simulator knows (``--privileged-critic``); an actor never reads it.
@@ -414,7 +429,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             self.obs_layout = tuple(e for e in self.obs_layout if e[1] not in ("goal_pos", "cube_to_goal"))
             self.metadata = {**type(self).metadata, "task_names": self.task_names}
         self.obs_dim = sum(size for _, _, size in self.obs_layout)
-        self._state_keys = (*(SLIDING_STATE_KEYS if self._sliding else STATE_KEYS), *(("task",) if tasks else ()))
+        self._heldout = bool(tasks) and instructions == "heldout"
+        self._state_keys = (*(SLIDING_STATE_KEYS if self._sliding else STATE_KEYS), *(("task",) if tasks else ()),
+                            *(("phrase",) if self._heldout else ()))  # fmt: skip
         self.instruction_length = int(instruction_length)
         self.param_ranges = ranges
         self.reward_weights = {**DEFAULT_REWARD_WEIGHTS, **(reward_weights or {})}
@@ -458,8 +475,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self._task_dirs = torch.tensor(
             [[math.cos(a), math.sin(a)] for a in directions], dtype=torch.float32, device=self.device
         ).view(-1, 2)  # [num tasks, 2]
-        if self.task_names:
-            texts = [TASKS[name][1] for name in self.task_names]
+        if self.task_names:  # row task * phrases + phrase: the instruction of a task's phrase
+            phrases = [HELDOUT_INSTRUCTIONS[n] if self._heldout else (TASKS[n][1],) for n in self.task_names]
+            self._phrases_per_task = len(phrases[0])
+            texts = [text for task in phrases for text in task]
             self._task_tokens = encode_instructions(texts, self.instruction_length, self.device)
         self._randomize_at = torch.tensor(self.randomize_at, dtype=torch.int32, device=self.device)
         self._substep_fractions = torch.tensor(
@@ -594,6 +613,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             drawn = torch.randint(len(self.task_names), (num_groups,), generator=self._generator, device=self.device)
             task["task"] = self._per_group(drawn)[0]
             goal_dir = self._task_dirs[task["task"]]
+            if self._heldout:
+                drawn = torch.randint(self._phrases_per_task, (num_groups,), generator=self._generator,
+                                      device=self.device)  # fmt: skip
+                task["phrase"] = self._per_group(drawn)[0]
         return {
             "qpos": qpos,
             "qvel": torch.zeros_like(qpos),
@@ -1052,15 +1075,20 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             obs = self._format_untasked(flat_obs, images)
             obs[PRIVILEGED_KEY] = flat_obs
             if self.task_names:
-                obs[INSTRUCTION_KEY] = self._task_tokens[self.task]
+                obs[INSTRUCTION_KEY] = self._instruction_tokens()
             return obs
         if self.task_names:
             obs = self._format_untasked(flat_obs, images)
             if not isinstance(obs, TensorDict):
                 obs = TensorDict({"state": obs}, batch_size=[self.num_envs], device=self.device)
-            obs[INSTRUCTION_KEY] = self._task_tokens[self.task]
+            obs[INSTRUCTION_KEY] = self._instruction_tokens()
             return obs
         return self._format_untasked(flat_obs, images)
+
+    def _instruction_tokens(self) -> TensorDict:
+        """The instruction tokens of every env's episode: its task's, or its task's held-out phrase's."""
+        row = self.task * self._phrases_per_task + self.phrase if self._heldout else self.task
+        return self._task_tokens[row]
 
     def _format_untasked(
         self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None
@@ -1485,7 +1513,10 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
             fail("tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
         if args["goal_direction"] != 0.0:
             raise ValueError("PushCubeRL: give tasks or goal_direction, not both (each task has its own direction)")
-    longest = max(len(text.encode()) for _, text in TASKS.values())
+    if args["instructions"] not in INSTRUCTION_SETS:
+        fail("instructions", " or ".join(f'"{name}"' for name in INSTRUCTION_SETS))
+    texts = [text for _, text in TASKS.values()] + [t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases]
+    longest = max(len(text.encode()) for text in texts)
     if not _is_int(args["instruction_length"]) or args["instruction_length"] < longest:
         fail("instruction_length", f"an integer >= {longest} (bytes of the longest instruction)")
     if not number("goal_distance") or args["goal_distance"] <= args["goal_radius"]:

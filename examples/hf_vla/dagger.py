@@ -1,0 +1,173 @@
+"""DAgger from a behaviour-cloned VLA for a fixed budget of CPU time: more imitation of the scripted expert, the
+control that says what RL fine-tuning adds beyond spending the same compute on imitation (docs/VLA.md).
+
+    uv run python examples/hf_vla/bc.py --out runs/vla_bc --demo-noise 0.3
+    uv run python examples/hf_vla/dagger.py --model-path runs/vla_bc --out runs/vla_dagger --cpu-minutes 6
+
+DAgger (Ross, Gordon and Bagnell 2011): the learner drives, the expert labels the states the learner reaches, and
+the learner is trained on everything labelled so far. Here:
+
+1. The start: ``--model-path`` (a ``bc.py`` output), loaded as the RL trainers load it (fresh zero-effect LoRA
+   adapters on the merged backbone, its heads, its dataset statistics, which stay as they are, as in RL).
+2. The aggregate dataset begins with the start's own demonstrations, recorded again from the arguments in its
+   ``bc_eval.json`` (same seed, noise and episodes: the same samples). This stands in for reading them from disk
+   and is not charged to the budget.
+3. Rounds, until this process has used ``--cpu-minutes`` of CPU time (``time.process_time``, one thread with
+   ``OMP_NUM_THREADS=1``; from the end of step 2 to the last update): the policy acts for ``--round-steps`` steps
+   in ``--num-envs`` envs (``--rollout-actions``: its deterministic action, the one evaluation scores, or a sample),
+   the expert's action in every state it reaches is the label, the samples join the dataset; then
+   ``--updates-per-round`` Adam steps of ``bc.py``'s loss on random minibatches of the whole dataset, the learning
+   rate annealed linearly to 0 over the budget.
+4. ``--out``: ``save_pretrained`` (as bc.py's) and ``dagger.json`` (rounds, samples, CPU and wall minutes, the
+   final policy's success on ``--eval-episodes`` fresh episodes).
+
+Action chunks are not supported (the expert labels one action per state the learner reaches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
+
+import torch
+import tyro
+
+from cleanrl_embodied.shared.cli import fail
+from cleanrl_embodied.shared.envs import make_env
+from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from examples.hf_vla.bc import bc_loss, collect_demos, evaluate_policy
+from examples.hf_vla.policy import make_policy
+
+
+@dataclass
+class Args:
+    model_path: str
+    """the behaviour-cloned start: a bc.py --out directory (with its bc_eval.json)"""
+    out: str = "runs/hf_vla_dagger"
+    """directory the final policy is saved to (save_pretrained), with dagger.json"""
+    cpu_minutes: float = 5.0
+    """the budget: CPU minutes of this process for the rounds (set it to an RL run's to compare at equal compute)"""
+    seed: int = 1
+    """seed of the rollouts' env starts, the minibatches and the sampled actions"""
+    num_envs: int = 64
+    """envs the learner acts in per round"""
+    round_steps: int = 50
+    """steps per round in each env (50: one PushCube episode)"""
+    updates_per_round: int = 200
+    """Adam steps after each round"""
+    batch_size: int = 64
+    """samples per Adam step (bc.py's default)"""
+    learning_rate: float = 3e-4
+    """Adam learning rate of the adapters and heads, annealed linearly to 0 over the budget"""
+    rollout_actions: Literal["mode", "sample"] = "mode"
+    """how the learner acts in the rounds: its deterministic action (what evaluation scores) or a sample"""
+    eval_episodes: int = 256
+    """episodes of the final evaluation (fresh starts, bc.py's evaluation seeds)"""
+    num_eval_envs: int = 64
+    """parallel evaluation envs"""
+
+
+def label_rollout(policy, env, obs, steps: int, rollout_actions: str):
+    """Let ``policy`` act for ``steps`` steps from ``obs``; return the observations it met [steps * N], the expert's
+    action in each [steps * N, 1, D] (a chunk of one, as bc.py's targets) and the observation to go on from."""
+    observations, labels = [], []
+    for _ in range(steps):
+        with torch.no_grad():
+            dist = policy.dist(obs)  # (a sample draws from torch's global stream, seeded in main)
+            action = dist.mode if rollout_actions == "mode" else dist.sample()
+        observations.append(obs)
+        labels.append(expert_action(env))  # reads the env's state: what the expert would do here
+        obs, *_ = env.step(policy.env_action(action))
+    labels = torch.stack(labels)
+    return torch.stack(observations).reshape(-1), labels.reshape(-1, 1, labels.shape[-1]), obs
+
+
+def main(args: Args) -> dict:
+    for name in ("cpu_minutes", "num_envs", "round_steps", "updates_per_round", "batch_size", "learning_rate",
+                 "eval_episodes", "num_eval_envs"):  # fmt: skip
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    start_file = Path(args.model_path, "bc_eval.json")
+    if not start_file.is_file():
+        fail(f"--model-path {args.model_path}: no bc_eval.json (a bc.py --out directory is expected)")
+    bc_args = json.loads(start_file.read_text())["args"]
+    if bc_args["action_chunk"] != 1:
+        fail(f"--model-path {args.model_path}: action_chunk {bc_args['action_chunk']}; DAgger here labels one action")
+    torch.manual_seed(args.seed)
+    wall_start = time.time()
+    env_kwargs = json.loads(bc_args["env_kwargs"])
+    env = make_env(bc_args["env_id"], num_envs=args.num_envs, seed=args.seed + 20_000, **env_kwargs)
+    eval_seed = bc_args["seed"] + 10_000  # bc.py's evaluation episodes: the start's score is comparable
+    eval_env = make_env(bc_args["env_id"], num_envs=args.num_eval_envs, seed=eval_seed, **env_kwargs)
+    head = SimpleNamespace(action_head=bc_args["action_head"], action_bins=bc_args["action_bins"], action_chunk=1)
+    policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=args.model_path)
+
+    demo_env = make_env(bc_args["env_id"], num_envs=bc_args["num_envs"], seed=bc_args["seed"], **env_kwargs)
+    obs, targets, _ = collect_demos(demo_env, bc_args["demo_episodes"], bc_args["seed"], 1, bc_args["demo_noise"])
+    demo_env.close()
+    data = {"obs": [obs], "targets": [targets]}
+    demo_samples = len(targets)
+
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trainable, lr=args.learning_rate)
+    generator = torch.Generator().manual_seed(args.seed)
+    budget_s, cpu_start = 60.0 * args.cpu_minutes, time.process_time()
+    next_obs, _ = env.reset(seed=args.seed + 20_000)
+    rounds, updates, curve = 0, 0, []
+    while time.process_time() - cpu_start < budget_s:
+        policy.eval()
+        new_obs, new_targets, next_obs = label_rollout(policy, env, next_obs, args.round_steps, args.rollout_actions)
+        data["obs"].append(new_obs)
+        data["targets"].append(new_targets)
+        all_obs, all_targets = torch.cat(data["obs"]), torch.cat(data["targets"])
+        data = {"obs": [all_obs], "targets": [all_targets]}
+        valid = torch.ones(all_targets.shape[:2], dtype=torch.bool)
+        policy.train()
+        for _ in range(args.updates_per_round):
+            spent = (time.process_time() - cpu_start) / budget_s
+            if spent >= 1.0:
+                break
+            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - spent)
+            index = torch.randint(len(all_targets), (args.batch_size,), generator=generator)
+            loss = bc_loss(policy, all_obs[index], all_targets[index], valid[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            updates += 1
+        rounds += 1
+        curve.append({"round": rounds, "samples": len(all_targets), "updates": updates, "loss": loss.item()})
+        print(f"round {rounds}: {len(all_targets)} samples, {updates} updates, loss {loss.item():.4f}, "
+              f"{(time.process_time() - cpu_start) / 60:.1f} of {args.cpu_minutes} CPU min")  # fmt: skip
+    cpu_s, wall_s = time.process_time() - cpu_start, time.time() - wall_start
+
+    out = Path(args.out)
+    policy.save_pretrained(out)
+    saved = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(out))
+    with torch.no_grad():
+        result = evaluate_policy(saved.eval(), eval_env, args.eval_episodes, eval_seed)
+    report = {
+        "eval": result,
+        "rounds": rounds,
+        "updates": updates,
+        "demo_samples": demo_samples,
+        "samples": len(data["targets"][0]),
+        "env_steps": rounds * args.round_steps * args.num_envs,
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "curve": curve,
+        "args": dataclasses.asdict(args),
+    }
+    (out / "dagger.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"saved {out}: eval success {result['success_rate']:.3f}, {rounds} rounds, {cpu_s / 60:.1f} CPU min")
+    env.close()
+    eval_env.close()
+    return report
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
