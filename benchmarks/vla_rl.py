@@ -274,7 +274,11 @@ def final_eval(args: Args, seed: int) -> dict:
         env = envs["train"][0]
         policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(model_dir))
         if ckpt is not None:
-            load_model_state(policy, torch.load(ckpt, map_location="cpu", weights_only=True), "checkpoint", str(ckpt))
+            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
+                state = torch.load(ckpt, map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
+                sys.exit(f"error: {ckpt}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
+            load_model_state(policy, state, "checkpoint", str(ckpt))
         with torch.no_grad():
             results[name] = {w: evaluate_policy(policy.eval(), e, args.final_eval_episodes, s)
                              for w, (e, s) in envs.items()}  # fmt: skip
@@ -329,11 +333,15 @@ def interval(values: list[float]) -> str:
 
 
 def signed(values: list[float]) -> str:
+    """As :func:`interval`, with the mean's sign always shown (a difference; -0.00 reads +0.00)."""
     v = np.asarray(values, dtype=float)
+    if not len(v):
+        return ""
+    mean = round(float(v.mean()), 2) + 0.0  # (+ 0.0: no negative zero)
     if len(v) < 2:
-        return f"{v.mean():+.2f}" if len(v) else ""
+        return f"{mean:+.2f}"
     half = T_975.get(len(v) - 1, 1.96) * v.std(ddof=1) / np.sqrt(len(v))
-    return f"{v.mean():+.2f} ± {half:.2f}"
+    return f"{mean:+.2f} ± {half:.2f}"
 
 
 def report(data: dict) -> str:

@@ -517,37 +517,81 @@ def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_
 
 
 def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start():
-    """benchmarks/vla_rl.py: its behaviour-cloning and RL commands are accepted by bc.py's and the trainers' Args
-    (nothing is run), each RL run starts from its own seed's behaviour-cloned model, GRPO with episode advantages."""
+    """benchmarks/vla_rl.py: its behaviour-cloning, RL and control commands are accepted by bc.py's, the trainers'
+    and dagger.py's Args (nothing is run); every run starts from its own seed's behaviour-cloned model; each row
+    passes its knob and nothing else differs between the rows of one trainer."""
     vla_rl = importlib.import_module("vla_rl")
     bc = importlib.import_module("examples.hf_vla.bc")
-    args = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,))
+    dagger = importlib.import_module("examples.hf_vla.dagger")
+    args = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,), obs_mode="proprio+rgb")
     bc_args = tyro.cli(bc.Args, args=vla_rl.bc_command(args, 2)[2:])
     assert bc_args.out == "/tmp/vla/bc_s2" and bc_args.seed == 2 and bc_args.demo_noise == 0.3
-    for algo, script in (("grpo", "grpo_vla"), ("ppo", "ppo_vla")):
-        cmd = vla_rl.rl_command(args, algo, 2)
-        assert cmd[1].endswith(f"cleanrl_embodied/{script}.py")
-        parsed = tyro.cli(importlib.import_module(f"cleanrl_embodied.{script}").Args, args=cmd[2:])
-        assert json.loads(parsed.policy_kwargs) == {"model_path": "/tmp/vla/bc_s2"} and parsed.seed == 2
-        assert json.loads(parsed.env_kwargs)["reward_weights"]["success"] == 1
-        assert parsed.output_dir == f"/tmp/vla/{algo}_s2"
-        assert parsed.total_timesteps == (args.grpo_timesteps if algo == "grpo" else args.ppo_timesteps)
-    grpo = importlib.import_module("cleanrl_embodied.grpo_vla")
-    parsed = tyro.cli(grpo.Args, args=vla_rl.rl_command(args, "grpo", 2)[2:])
-    assert parsed.advantage == "episode" and not parsed.filter_groups
-    filtered = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,), grpo_filter_groups=True)
-    assert tyro.cli(grpo.Args, args=vla_rl.rl_command(filtered, "grpo", 2)[2:]).filter_groups
+    assert json.loads(bc_args.env_kwargs)["obs_mode"] == "proprio+rgb"
+    parsed = {}
+    for row, (_, script, extra) in vla_rl.ROWS.items():
+        if script is None:
+            continue
+        cmd = vla_rl.row_command(args, row, 2)
+        assert cmd[1].endswith(f"cleanrl_embodied/{script}.py") and cmd[-len(extra) :] == extra if extra else True
+        parsed[row] = tyro.cli(importlib.import_module(f"cleanrl_embodied.{script}").Args, args=cmd[2:])
+        assert json.loads(parsed[row].policy_kwargs) == {"model_path": "/tmp/vla/bc_s2"} and parsed[row].seed == 2
+        env_kwargs = json.loads(parsed[row].env_kwargs)
+        assert env_kwargs["reward_weights"]["success"] == 1 and env_kwargs["obs_mode"] == "proprio+rgb"
+        assert parsed[row].output_dir == f"/tmp/vla/{row}_s2" and parsed[row].total_timesteps == args.timesteps
+    assert parsed["grpo"].advantage == "episode" and not parsed["grpo"].filter_groups
+    assert parsed["grpo_dyn"].min_informative_groups == 16 and parsed["grpo"].min_informative_groups == 0
+    assert parsed["ppo_warm"].critic_warmup_iterations == 2 and parsed["ppo"].critic_warmup_iterations == 0
+    assert parsed["grpo_temp"].temperature == 1.6 and parsed["grpo"].temperature == 1.0
+    assert parsed["grpo_filter"].filter_groups
+    control = tyro.cli(dagger.Args, args=vla_rl.row_command(args, "dagger", 2, 6.5)[2:])
+    assert control.model_path == "/tmp/vla/bc_s2" and control.cpu_minutes == 6.5 and control.seed == 2
+    with pytest.raises(SystemExit, match="--rows nope: not a row"):
+        vla_rl.main(vla_rl.Args(rows=("grpo", "nope")))
+
+
+def test_vla_rl_intervals_are_t_intervals_over_seeds():
+    """The report's mean ± 95% interval: Student's t with n-1 degrees of freedom times the standard error."""
+    vla_rl = importlib.import_module("vla_rl")
+    assert vla_rl.interval([0.5, 0.7]) == f"0.60 ± {12.706 * np.std([0.5, 0.7], ddof=1) / np.sqrt(2):.2f}"
+    values = [0.1, 0.3, 0.2, 0.6]
+    assert vla_rl.signed(values) == f"+0.30 ± {3.182 * np.std(values, ddof=1) / 2:.2f}"
+    assert vla_rl.interval([0.4]) == "0.40" and vla_rl.signed([-0.1, -0.1]) == "-0.10 ± 0.00"
+
+
+def test_vla_rl_report_pairs_every_row_with_its_own_seeds_start_and_control():
+    """The report's gain and difference to the control are differences within a seed, averaged over seeds."""
+    vla_rl = importlib.import_module("vla_rl")
+
+    def result(train, heldout):
+        return {"train": {"success_rate": train}, "heldout": {"success_rate": heldout}}
+
+    seeds = {
+        "1": {"final_eval": {"bc": result(0.2, 0.1), "grpo": result(0.5, 0.2), "dagger": result(0.3, 0.1)}},
+        "2": {"final_eval": {"bc": result(0.6, 0.3), "grpo": result(0.7, 0.3), "dagger": result(0.9, 0.4)}},
+    }
+    for entry in seeds.values():
+        entry.update(times={}, curves={})
+    data = {"seeds": seeds, "final_eval_episodes": 8, "rows": ["grpo", "dagger"], "obs_mode": "state+rgb",
+            "timesteps": 1000, "commands": {}}  # fmt: skip
+    table = vla_rl.report(data).split("\n")
+    grpo = next(line for line in table if line.startswith("| GRPO |"))
+    assert f"| {vla_rl.signed([0.3, 0.1])} | {vla_rl.signed([0.5 - 0.3, 0.7 - 0.9])} |" in grpo  # gain, - control
+    assert vla_rl.signed([0.5 - 0.3, 0.7 - 0.9]).startswith("+0.00 ± ")
+    assert "0.20 (in the band)" in vla_rl.report(data) and "0.60 (in the band)" in vla_rl.report(data)
 
 
 def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
     """The premise of benchmarks/vla_rl.py's paired evaluation: evaluations that reset its envs with its seed see
-    the same first observations (image, state, instruction of every env) whatever was played before, and another
-    seed's envs see other ones."""
+    the same first observations (image, state, instruction of every env) whatever was played before, another
+    seed's envs see other ones, and the held-out instructions come with the same starts and tasks in other words."""
     import torch
 
+    from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, TASKS
     from cleanrl_embodied.shared.evaluation import evaluate
+    from cleanrl_embodied.shared.language import decode_instructions
 
     vla_rl = importlib.import_module("vla_rl")
+    args = vla_rl.Args(final_eval_episodes=6)
 
     def first_obs(env, reset_seed, action):
         seen = []
@@ -559,12 +603,18 @@ def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
         evaluate(act, env, env.num_envs, reset_seed)
         return seen[0]
 
-    env, reset_seed = vla_rl.paired_env(1, 6)
+    env, reset_seed = vla_rl.paired_env(args, 1, "train")
     a, b = first_obs(env, reset_seed, 1.0), first_obs(env, reset_seed, -1.0)
     assert all(torch.equal(a[k], b[k]) for k in a.keys(True, True))
-    other_env, other_seed = vla_rl.paired_env(2, 6)
+    other_env, other_seed = vla_rl.paired_env(args, 2, "train")
     c = first_obs(other_env, other_seed, 1.0)
     assert not torch.equal(a["state"], c["state"])
+    heldout_env, heldout_seed = vla_rl.paired_env(args, 1, "heldout")
+    h = first_obs(heldout_env, heldout_seed, 1.0)
+    assert torch.equal(h["state"], a["state"]) and torch.equal(h["rgb"], a["rgb"])
+    tasks = {text: name for name, (_, text) in TASKS.items()}
+    for trained, heldout in zip(decode_instructions(a["instruction"]), decode_instructions(h["instruction"])):
+        assert heldout in HELDOUT_INSTRUCTIONS[tasks[trained]]
 
 
 def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(tmp_path, monkeypatch):
@@ -580,7 +630,7 @@ def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     vla_rl = importlib.import_module("vla_rl")
     args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=6)
-    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.SPARSE)
+    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.env_options(args))
     flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
     spaces = (env.single_observation_space, env.single_action_space)
     make_policy(*spaces, flags).save_pretrained(tmp_path / "bc_s1")
@@ -596,6 +646,7 @@ def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(
     grpo_run = save_run("grpo", frozen_fingerprint(policy))
     results = vla_rl.final_eval(args, 1)
     assert set(results) == {"bc", "grpo"} and results["grpo"] == results["bc"]
+    assert set(results["bc"]) == {"train", "heldout"}
     cached = json.loads((tmp_path / "final_eval_s1.json").read_text())
     assert cached["results"] == results and cached["key"]["episodes"] == 6
     assert vla_rl.final_eval(args, 1) == results
@@ -625,7 +676,7 @@ def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, mo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     vla_rl = importlib.import_module("vla_rl")
     args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=2)
-    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.SPARSE)
+    env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.env_options(args))
     flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
     make_policy(env.single_observation_space, env.single_action_space, flags).save_pretrained(tmp_path / "bc_s1")
     run = tmp_path / "ppo_s1" / "run"

@@ -32,7 +32,8 @@ from transformers import AutoTokenizer, PaliGemmaForConditionalGeneration
 from cleanrl_embodied import ppo_vla
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk
-from cleanrl_embodied.shared.envs.push_cube import TASKS
+from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, TASKS
+from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.language import encode_instructions
 from examples.hf_vla import (
     Bins,
@@ -148,6 +149,8 @@ def test_tokenizer_round_trips_through_save_and_autotokenizer(tmp_path):
         assert loaded.decode(ids, skip_special_tokens=True) == text  # byte-level: any text, no unknown token
     assert tokenizer.unk_token_id not in tokenizer("schieb den Würfel nach links")["input_ids"]
     assert len(tokenizer("push the cube to the left")["input_ids"]) == 7  # <bos> + one token per word
+    for phrase in (p for phrases in HELDOUT_INSTRUCTIONS.values() for p in phrases):  # held out, yet known words
+        assert len(tokenizer(phrase)["input_ids"]) == 1 + len(phrase.split())
     assert loaded.convert_ids_to_tokens(len(loaded) - 1) == "<bin_7>"
     # deterministic: building again gives the same vocabulary and merges (two policies tokenize alike)
     again = build_tokenizer(default_corpus("{instruction}"), num_bins=8)
@@ -614,6 +617,39 @@ def test_bc_script_records_demos_trains_saves_and_reports(tmp_path):
     assert stats["num_transitions"] == saved["samples"] and stats["action"]["normalization"] == "bounds_q99"
     assert all(a <= b for a, b in zip(stats["action"]["q01"], stats["action"]["q99"]))
     assert policy.statistics.action.stats["q99"] == stats["action"]["q99"]  # what the loaded policy decodes with
+
+
+def test_dagger_labels_the_learners_states_with_the_expert_and_trains_on_the_aggregate(tmp_path):
+    """dagger.py: the labels are the expert's actions in the states the learner's own actions lead to (replayed on
+    a second env with the same seed), the dataset grows by the rounds' samples on top of the start's
+    demonstrations, the saved policy loads and was trained, and a start that is not a bc.py output is refused."""
+    from examples.hf_vla import dagger
+
+    start = tmp_path / "bc"
+    bc.main(bc.Args(out=str(start), env_kwargs=json.dumps(ENV_KWARGS), action_bins=8, demo_episodes=4, num_envs=4,
+                    steps=2, batch_size=8, eval_episodes=4, num_eval_envs=4))  # fmt: skip
+    env, replay = lang_env(num_envs=3), lang_env(num_envs=3)
+    policy = build(env, bins=8, model_path=str(start))
+    obs, _ = env.reset(seed=4)
+    observations, labels, _ = dagger.label_rollout(policy, env, obs, 3, "mode")
+    assert labels.shape == (9, 1, 3) and observations.batch_size == torch.Size([9])
+    replay_obs, _ = replay.reset(seed=4)
+    for t in range(3):  # the learner acts, the expert labels what the learner reached
+        assert torch.equal(observations[3 * t : 3 * t + 3]["rgb"], replay_obs["rgb"])
+        assert torch.equal(labels[3 * t : 3 * t + 3, 0], expert_action(replay))
+        with torch.no_grad():
+            replay_obs, *_ = replay.step(policy.env_action(policy.dist(replay_obs).mode))
+    out = tmp_path / "dagger"
+    report = dagger.main(dagger.Args(model_path=str(start), out=str(out), cpu_minutes=0.02, num_envs=2,
+                                     round_steps=3, updates_per_round=2, batch_size=4, eval_episodes=2,
+                                     num_eval_envs=2))  # fmt: skip
+    assert report["rounds"] >= 1 and report["samples"] == report["demo_samples"] + 6 * report["rounds"]
+    assert report["cpu_s"] >= 0.02 * 60 and json.loads((out / "dagger.json").read_text())["rounds"] == report["rounds"]
+    trained = build(lang_env(num_envs=1), bins=8, model_path=str(out))
+    before = build(lang_env(num_envs=1), bins=8, model_path=str(start))
+    assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), before.state_dict().values()))
+    with pytest.raises(SystemExit, match="no bc_eval.json"):
+        dagger.main(dagger.Args(model_path=str(tmp_path)))
 
 
 def test_bc_statistics_are_the_demonstrations_and_their_bins_invert_the_decoding():

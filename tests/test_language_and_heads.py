@@ -14,7 +14,12 @@ from tensordict import TensorDict
 
 from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
-from cleanrl_embodied.shared.envs.push_cube import OBS_GOAL_CENTRE_COLOR, OBS_GOAL_REGION_COLOR, TASKS
+from cleanrl_embodied.shared.envs.push_cube import (
+    HELDOUT_INSTRUCTIONS,
+    OBS_GOAL_CENTRE_COLOR,
+    OBS_GOAL_REGION_COLOR,
+    TASKS,
+)
 from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.language import decode_instructions, encode_instructions
 from tests.instructed_envs import TARGETS
@@ -53,6 +58,36 @@ def test_push_cube_lang_instructions_differ_per_env_and_change_at_reset():
         changed |= ended & (obs["instruction"]["input_ids"] != before).any(-1)
         assert torch.equal(obs["instruction"]["input_ids"][~ended], before[~ended])  # fixed within an episode
     assert changed.float().mean() > 0.5  # about 3 in 4 envs drew another task
+
+
+def test_heldout_instructions_keep_the_starts_and_tasks_and_draw_a_paraphrase_per_episode():
+    """instructions="heldout": the same seed gives the same starts and tasks as the training instructions, each env's
+    words are one of its task's paraphrases (none of them a training instruction), a new episode draws its phrase
+    anew, the phrase survives state_dict/load_state_dict, and a bad value is refused in one line."""
+    kwargs = {"obs_mode": "state+rgb", "image_size": 32}
+    train = make_env("PushCubeLangRL", num_envs=64, seed=0, **kwargs)
+    heldout = make_env("PushCubeLangRL", num_envs=64, seed=0, instructions="heldout", **kwargs)
+    (a, info_a), (b, info_b) = train.reset(seed=5), heldout.reset(seed=5)
+    assert torch.equal(a["state"], b["state"]) and torch.equal(a["rgb"], b["rgb"])
+    assert torch.equal(info_a["task_id"], info_b["task_id"])
+    names = heldout.metadata["task_names"]
+    texts = decode_instructions(b["instruction"])
+    assert all(t in HELDOUT_INSTRUCTIONS[names[k]] for t, k in zip(texts, info_b["task_id"].tolist()))
+    assert not set(texts) & {text for _, text in TASKS.values()}
+    assert set(texts) == {t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases}  # all 12 among 64
+    raw = heldout.unwrapped if hasattr(heldout, "unwrapped") else heldout
+    while not hasattr(raw, "state_dict"):
+        raw = raw.env
+    saved = raw.state_dict()
+    assert "phrase" in saved
+    for _ in range(55):  # every episode ends at 50 steps; the next one draws task and phrase anew
+        obs, *_ = heldout.step(torch.zeros(64, 7))
+    after = decode_instructions(obs["instruction"])
+    assert after != texts and all(t in HELDOUT_INSTRUCTIONS[names[k]] for t, k in zip(after, raw.task.tolist()))
+    raw.load_state_dict(saved)
+    assert torch.equal(raw.phrase, saved["phrase"])
+    with pytest.raises(ValueError, match='instructions must be "train" or "heldout"'):
+        make_env("PushCubeLangRL", num_envs=2, instructions="test")
 
 
 def test_group_resets_share_the_task_and_rgb_shows_no_goal():
