@@ -742,9 +742,10 @@ def real_width_vla(obs_space, act_space, args, **kw):
         torch.set_default_dtype(dtype)
     backbone.eval()
     lora = {"rank": kw["lora_rank"], "alpha": 2 * kw["lora_rank"], "targets": "all-linear"}
-    policy = HFVLAPolicy(backbone, tokenizer, config, lora, gradient_checkpointing=kw.get("gradient_checkpointing", False))
+    checkpointing = kw.get("gradient_checkpointing", False)
+    policy = HFVLAPolicy(backbone, tokenizer, config, lora, gradient_checkpointing=checkpointing)
     LAST_BUILD.clear()
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())  # as it reports
     LAST_BUILD.update(params=sum(p.numel() for p in policy.parameters()), checkpointing=checkpointing,
                       trainable=sum(p.numel() for p in policy.parameters() if p.requires_grad))  # fmt: skip
     return policy

@@ -338,16 +338,16 @@ def test_gradient_checkpointing_recomputes_the_layers_for_the_same_loss_and_grad
             for name, p in sorted(policy.named_parameters()):
                 if "lora_B" in name:
                     p.copy_(torch.linspace(-0.1, 0.1, p.numel()).view_as(p))
-        calls = [0]
+        calls = []
         mlp = policy.fsdp_units()[-1].mlp  # a submodule of the language model's last layer
-        mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))  # (the recompute may stop in it)
+        mlp.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1))  # (a recompute may stop inside it)
         with torch.no_grad():
             policy(obs)
-        assert calls == [1]
+        assert len(calls) == 1
         dist, value = policy(obs)
         loss = -dist.log_prob(dist.mode).sum() + value.pow(2).sum()
         loss.backward()
-        assert calls == [1 + 1 + checkpointing], checkpointing  # recomputed in the backward
+        assert len(calls) == 1 + 1 + checkpointing, checkpointing  # recomputed in the backward
         grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
         assert any("lora_A" in n and "layers" in n for n in grads)
         results[checkpointing] = loss.detach(), grads
@@ -363,7 +363,8 @@ def test_gradient_checkpointing_is_a_run_option_a_saved_vla_does_not_record(tmp_
     build(env, gradient_checkpointing=True).save_pretrained(tmp_path / "vla")
     assert "checkpointing" not in (tmp_path / "vla" / "vla_config.json").read_text()
     assert not build(env, model_path=str(tmp_path / "vla")).backbone.is_activation_checkpointing
-    assert build(env, model_path=str(tmp_path / "vla"), gradient_checkpointing=True).backbone.is_activation_checkpointing
+    loaded = build(env, model_path=str(tmp_path / "vla"), gradient_checkpointing=True)
+    assert loaded.backbone.is_activation_checkpointing
     with pytest.raises(SystemExit) as e:
         build(env, gradient_checkpointing="yes")
     assert "gradient_checkpointing" in one_line_exit(e)
