@@ -20,7 +20,7 @@ except ImportError:
         raise
     pytest.skip("examples.hf_vla needs the vla extra (uv sync --extra vla)", allow_module_level=True)
 
-from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp
+from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
 from cleanrl_embodied.shared.checkpoints import model_state
 from cleanrl_embodied.shared.envs import make_env
 from examples.hf_vla import make_policy
@@ -77,6 +77,42 @@ def test_every_trainer_trains_the_vla_and_checkpoints_only_what_trains(name, tmp
         for _version, snapshot in ckpt["collector"]["snapshots"].values():
             assert set(snapshot) == set(ckpt["model"])
             assert nbytes(snapshot) <= 2 * nbytes({k: p for k, p in policy.named_parameters() if p.requires_grad})
+
+
+def test_the_inference_copy_shares_the_vlas_frozen_backbone_and_syncs_what_trains():
+    """`shared.inference_copy` of the VLA (ppo_vla_async's collector, ppo_vla_ddp --fsdp's inference copy): every frozen
+    parameter is the learner's storage, every trainable one the copy's own; after an update the learner's trainable
+    tensors reach the copy through either trainer's sync (the collector's snapshot, FSDP's copy_unsharded_into) and
+    the two act alike."""
+    env = make_env("PushCubeLangRL", num_envs=2, **ENV)
+    args = vla_args("ppo_vla_async", Path("."), num_envs=2, max_staleness=0)
+    learner = make_policy(env.single_observation_space, env.single_action_space, args, **POLICY)
+    copy = shared.inference_copy(learner)
+    frozen = [(n, p, q) for (n, p), q in zip(learner.named_parameters(), copy.parameters()) if not p.requires_grad]
+    trained = [(n, p, q) for (n, p), q in zip(learner.named_parameters(), copy.parameters()) if p.requires_grad]
+    assert all(p.data_ptr() == q.data_ptr() for _, p, q in frozen) and len(frozen) > len(trained) > 0
+    assert all(p.data_ptr() != q.data_ptr() and q.requires_grad for _, p, q in trained)
+    assert any("lora_" in n for n, _, _ in trained) and any(n.startswith("value_head.") for n, _, _ in trained)
+    obs = env.reset(seed=0)[0]
+    dist, value = learner(obs)
+    optimizer = torch.optim.Adam([p for _, p, _ in trained], lr=1e-2)
+    (value.pow(2).sum() - dist.log_prob(dist.mode).sum()).backward()
+    optimizer.step()
+    assert not all(torch.equal(p, q) for _, p, q in trained)
+    collector = ppo_vla_async.Collector(env, copy, args, total_rollouts=1, device=torch.device("cpu"))
+    collector.publish(0, 1, learner)
+    snapshot = collector.snapshots[0][1]
+    assert set(snapshot) == set(model_state(learner))  # what trains and the buffers, no frozen weight
+    copy.load_state_dict(snapshot, strict=False)  # as the collector does before a rollout
+    assert all(torch.equal(p, q) for _, p, q in trained)
+    with torch.no_grad():
+        for *_, q in trained:
+            q.zero_()
+        shared.copy_unsharded_into(copy, learner)  # ppo_vla_ddp --fsdp's sync after an update
+        assert all(torch.equal(p, q) for _, p, q in trained)
+        assert torch.equal(learner.dist(obs).logits, copy.dist(obs).logits)
+    assert all(p.data_ptr() == q.data_ptr() for _, p, q in frozen)
+    env.close()
 
 
 @pytest.mark.parametrize("name", ["ppo_vla", "ppo_vla_ddp", "ppo_vla_ddp --fsdp", "ppo_vla_async", "grpo_vla"])
