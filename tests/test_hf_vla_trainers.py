@@ -146,15 +146,37 @@ def test_a_checkpoint_is_refused_for_another_base_model(tmp_path):
 def ddp_worker(out: Path) -> None:
     """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2, in one process group that
     this worker sets up (main() keeps a group its caller made; a second init_process_group after a destroy in the
-    same process can hang in gloo's rendezvous)."""
+    same process can hang in gloo's rendezvous); what the sharded agent and its inference copy hold goes to
+    fsdp_RANK.json."""
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    copies, original = [], shared.inference_copy  # (agent, its inference copy) of the sharded run
+
+    def recorded(module):
+        copies.append((module, original(module)))
+        return copies[-1][1]
 
     dist.init_process_group("gloo")
+    shared.inference_copy = recorded
     try:
         for name, fsdp in (("replicated", False), ("sharded", True)):
             ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
     finally:
+        shared.inference_copy = original
         dist.destroy_process_group()
+    ((agent, copy),) = copies
+    pairs = list(zip(agent.parameters(), copy.parameters()))
+    checks = {
+        "units": sum(isinstance(m, FSDPModule) for m in agent.modules()),
+        "layers": len(copy.fsdp_units()),
+        "frozen_shared_whole": all(p.data_ptr() == q.data_ptr() and not isinstance(p, DTensor)
+                                   for p, q in pairs if not p.requires_grad),
+        "trainable_sharded": all(isinstance(p, DTensor) and not isinstance(q, DTensor)
+                                 for p, q in pairs if p.requires_grad),
+    }  # fmt: skip
+    (out / f"fsdp_{os.environ['RANK']}.json").write_text(json.dumps(checks))
 
 
 def test_ppo_vla_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
@@ -168,6 +190,10 @@ def test_ppo_vla_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path
     for key, value in replicated["model"].items():  # whole tensors, the same update up to float rounding
         torch.testing.assert_close(sharded["model"][key], value, rtol=1e-3, atol=1e-5)
     assert "fsdp: this rank holds" in output
+    for rank in (0, 1):  # each layer its own unit; the frozen backbone whole, once: the agent's and its copy's
+        checks = json.loads((tmp_path / f"fsdp_{rank}.json").read_text())
+        assert checks == {"units": checks["layers"] + 1, "layers": 4, "frozen_shared_whole": True,
+                          "trainable_sharded": True}  # fmt: skip
 
 
 if __name__ == "__main__":
