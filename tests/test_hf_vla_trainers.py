@@ -146,8 +146,8 @@ def test_a_checkpoint_is_refused_for_another_base_model(tmp_path):
 def ddp_worker(out: Path) -> None:
     """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2, in one process group that
     this worker sets up (main() keeps a group its caller made; a second init_process_group after a destroy in the
-    same process can hang in gloo's rendezvous); what the sharded agent and its inference copy hold goes to
-    fsdp_RANK.json."""
+    same process can hang in gloo's rendezvous); the sharded run with gradient checkpointing (the same update) and
+    what its agent and inference copy hold in fsdp_RANK.json."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
@@ -161,8 +161,10 @@ def ddp_worker(out: Path) -> None:
     dist.init_process_group("gloo")
     shared.inference_copy = recorded
     try:
-        for name, fsdp in (("replicated", False), ("sharded", True)):
-            ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
+        for name, fsdp in (("replicated", False), ("sharded", True)):  # (sharded: with gradient checkpointing too)
+            kwargs = json.dumps({**POLICY, "gradient_checkpointing": fsdp})
+            ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2,
+                                      policy_kwargs=kwargs))  # fmt: skip
     finally:
         shared.inference_copy = original
         dist.destroy_process_group()
@@ -170,6 +172,7 @@ def ddp_worker(out: Path) -> None:
     pairs = list(zip(agent.parameters(), copy.parameters()))
     checks = {
         "units": sum(isinstance(m, FSDPModule) for m in agent.modules()),
+        "checkpointing": copy.backbone.is_activation_checkpointing,
         "layers": len(copy.fsdp_units()),
         "frozen_shared_whole": all(p.data_ptr() == q.data_ptr() and not isinstance(p, DTensor)
                                    for p, q in pairs if not p.requires_grad),
@@ -192,8 +195,8 @@ def test_ppo_vla_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path
     assert "fsdp: this rank holds" in output
     for rank in (0, 1):  # each layer its own unit; the frozen backbone whole, once: the agent's and its copy's
         checks = json.loads((tmp_path / f"fsdp_{rank}.json").read_text())
-        assert checks == {"units": checks["layers"] + 1, "layers": 4, "frozen_shared_whole": True,
-                          "trainable_sharded": True}  # fmt: skip
+        assert checks == {"units": checks["layers"] + 1, "layers": 4, "checkpointing": True,
+                          "frozen_shared_whole": True, "trainable_sharded": True}  # fmt: skip
 
 
 if __name__ == "__main__":
