@@ -476,8 +476,8 @@ class HFVLAPolicy(nn.Module):
                 backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
             else:
                 backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
-        if getattr(backbone, "_require_grads_hook", None) is not None:  # (for reentrant checkpointing only)
-            backbone.disable_input_require_grads()
+        if getattr(backbone, "_require_grads_hook", None) is not None:  # (the embeddings' hook that transformers
+            backbone.disable_input_require_grads()  # adds with it: reentrant checkpointing needs it, this does not)
         for layer in self.layers():
             layer.training = True
 
