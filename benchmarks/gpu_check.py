@@ -707,9 +707,9 @@ LAST_BUILD: dict[str, Any] = {}
 
 def real_width_vla(obs_space, act_space, args, **kw):
     """`--policy gpu_check:real_width_vla`: examples/hf_vla's policy (LoRA adapters, token-bin heads, value head) on a
-    PaliGemma of the given widths with random weights, built on the run's device in bf16; optionally with
-    transformers' gradient checkpointing (non-reentrant; the backbone in training mode, where checkpointing acts:
-    the configs have no dropout, so that changes nothing else)."""
+    PaliGemma of the given widths with random weights, built on the run's device in bf16; optionally with the
+    policy's gradient checkpointing (``gradient_checkpointing``, as make_policy's keyword: transformers'
+    non-reentrant checkpointing of every layer)."""
     import torch
     from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
@@ -741,16 +741,11 @@ def real_width_vla(obs_space, act_space, args, **kw):
     finally:
         torch.set_default_dtype(dtype)
     backbone.eval()
-    if kw.get("gradient_checkpointing"):  # (transformers 5.x: activation_*, older: gradient_checkpointing_*)
-        if hasattr(backbone, "activation_checkpointing_enable"):
-            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        backbone.train()
     lora = {"rank": kw["lora_rank"], "alpha": 2 * kw["lora_rank"], "targets": "all-linear"}
-    policy = HFVLAPolicy(backbone, tokenizer, config, lora)
+    checkpointing = kw.get("gradient_checkpointing", False)
+    policy = HFVLAPolicy(backbone, tokenizer, config, lora, gradient_checkpointing=checkpointing)
     LAST_BUILD.clear()
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())  # as it reports
     LAST_BUILD.update(params=sum(p.numel() for p in policy.parameters()), checkpointing=checkpointing,
                       trainable=sum(p.numel() for p in policy.parameters() if p.requires_grad))  # fmt: skip
     return policy

@@ -12,7 +12,16 @@ be), then loaded by `make_policy(model_path=...)` in a fresh process, each way:
 
 Each process reports its peak resident memory (`ru_maxrss`) after the load, and after one PPO-like step: the action
 log-probs (float32 over the bins) and values of a batch of 4 observations, a backward pass into the LoRA adapters and
-heads (rank 16, every linear layer), under bf16 autocast. Writes `report.md` and `vla_memory.json` to `--out`.
+heads (rank 16, every linear layer), under bf16 autocast.
+
+Then ppo_vla_async's two policies, the learner's and the collector's (each in a fresh process, the directory loaded in
+its own dtype), each way:
+
+- `two builds`: the collector's a second `make_policy`, what the trainer did before (a second backbone);
+- `shared frozen`: `shared.inference_copy(learner)`, what it does now (the frozen tensors are the learner's).
+
+Each reports its peak resident memory after the learner, after both, and after one no-grad forward of each on the
+batch (every weight read), and the bytes the two share. Writes `report.md` and `vla_memory.json` to `--out`.
 """
 
 from __future__ import annotations
@@ -106,6 +115,39 @@ def load_and_step(path: str, dtype: str | None, batch: int) -> dict:
             "grads": sum(p.grad is not None for p in trained), "trainable": len(trained)}  # fmt: skip
 
 
+COPIES = ("two builds", "shared frozen")
+"""how the collector's copy is made (see the docstring)"""
+
+
+def copies(path: str, how: str, batch: int) -> dict:
+    """Child: ppo_vla_async's learner and collector policies from the directory (`how`: one of `COPIES`), then one
+    no-grad forward of each on `batch` observations under bf16 autocast."""
+    import torch
+
+    from cleanrl_embodied import shared
+    from examples.hf_vla import make_policy
+
+    env, obs_space, act_space = spaces()
+    learner = make_policy(obs_space, act_space, trainer_args(), model_path=path)
+    after_learner = peak_gib()
+    if how == "two builds":
+        collector = make_policy(obs_space, act_space, trainer_args(), model_path=path)
+        collector.load_state_dict(learner.state_dict())  # (the first publish copied the learner's whole state)
+    else:
+        collector = shared.inference_copy(learner)
+    after_both = peak_gib()
+    obs = env.reset(seed=0)[0][:batch]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        same = torch.equal(learner.dist(obs).logits, collector.dist(obs).logits)
+    pointers = {p.data_ptr() for p in learner.parameters()}
+    tensors = [*collector.parameters(), *collector.buffers()]
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts) / 2**30
+    return {"after_learner_gib": after_learner, "after_both_gib": after_both, "after_forwards_gib": peak_gib(),
+            "shared_gib": nbytes(t for t in tensors if t.data_ptr() in pointers),
+            "collector_own_gib": nbytes(t for t in tensors if t.data_ptr() not in pointers),
+            "same_actions": same}  # fmt: skip
+
+
 def child(what: str, *argv: str) -> dict:
     code = [sys.executable, __file__, "_" + what, *argv]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -118,7 +160,7 @@ def child(what: str, *argv: str) -> dict:
 def main(args: Args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, pairs = [], []
     for layers in args.layers:
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "vla")
@@ -129,8 +171,12 @@ def main(args: Args) -> dict:
                 row = {"layers": layers, "load": dtype or "its own (bfloat16)", **built, **measured}
                 print(f"[vla_memory] {row}", flush=True)
                 rows.append(row)
+            for how in COPIES:
+                measured = child("copies", path, how, str(args.batch))
+                pairs.append({"layers": layers, "collector": how, "params": built["params"], **measured})
+                print(f"[vla_memory] {pairs[-1]}", flush=True)
     data = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": dataclasses.asdict(args), "rows": rows,
-            "machine": os.uname().machine, "cpus": os.cpu_count()}  # fmt: skip
+            "async_copies": pairs, "machine": os.uname().machine, "cpus": os.cpu_count()}  # fmt: skip
     (out / "vla_memory.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = [
         "# examples/hf_vla at PaliGemma-3B's widths on a CPU: peak memory of a load and one step",
@@ -147,6 +193,22 @@ def main(args: Args) -> dict:
         lines.append(f"| {r['layers']} | {r['params'] / 1e6:.0f}M | {r['directory_gib']:.2f} GiB | {r['load']} | "
                      f"{dtypes} | {r['after_load_gib']:.2f} GiB | {r['after_step_gib']:.2f} GiB | "
                      f"{r['load_s']:.1f} s | {r['step_s']:.1f} s | {r['logprob_dtype']} |")  # fmt: skip
+    lines += [
+        "",
+        "## ppo_vla_async's learner and collector copies",
+        "",
+        "The directory loaded in its own dtype (bfloat16), then the collector's copy: a second build, or "
+        "`shared.inference_copy` of the learner; then one no-grad forward of each (batch "
+        f"{args.batch}, bf16 autocast).",
+        "",
+        "| layers | collector's copy | peak after the learner | peak after both | peak after a forward of each | "
+        "shared with the learner | the copy's own | same actions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in pairs:
+        lines.append(f"| {r['layers']} | {r['collector']} | {r['after_learner_gib']:.2f} GiB | "
+                     f"{r['after_both_gib']:.2f} GiB | {r['after_forwards_gib']:.2f} GiB | {r['shared_gib']:.2f} GiB | "
+                     f"{r['collector_own_gib']:.3f} GiB | {r['same_actions']} |")  # fmt: skip
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return data
@@ -155,6 +217,8 @@ def main(args: Args) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_build":
         print(json.dumps(build(int(sys.argv[2]), sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_copies":
+        print(json.dumps(copies(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     elif len(sys.argv) > 1 and sys.argv[1] == "_load":
         print(json.dumps(load_and_step(sys.argv[2], sys.argv[3] or None, int(sys.argv[4]))))
     else:

@@ -7,15 +7,16 @@ the learner updates, in one file.
 
 The policy, its flags and checkpoints are ppo_vla.py's. For policies whose inference is slow (100 ms a step and
 more), a `Collector` thread collects rollout j+1 with an *inference copy* of the policy while the learner (the main
-thread) trains on rollout j. Rollout j is collected with exactly the snapshot the learner published after consuming
-j - K rollouts (K = --max-staleness); a snapshot holds only what can change (trainable parameters and buffers), never
-a frozen backbone. Every transition carries the policy version that produced it; the learner drops (and counts) a
-rollout older than K versions, takes its PPO ratio against the behaviour log-prob stored with the data, and
-recomputes values with its current critic. Evaluation and checkpoints see the collector paused at a rollout
-boundary, so a checkpoint holds both sides at one point; an error on either side stops both and never overwrites
-the last consistent last.pt. Each side has its own random stream: on CPU a command gives the same run bit for bit
-(--max-staleness 0: synchronous PPO). Read top to bottom: `Args`, the pure functions (ppo_vla.py's, and
-`collector_step`), the `Collector`, then `main`.
+thread) trains on rollout j. The copy shares the learner's frozen weights (one backbone in memory) and holds its own
+trainable parameters and buffers: rollout j is collected with exactly those the learner published after consuming
+j - K rollouts (K = --max-staleness); a snapshot holds only what can change, never a frozen backbone. Every
+transition carries the policy version that produced it; the learner drops (and counts) a rollout older than K
+versions, takes its PPO ratio against the behaviour log-prob stored with the data, and recomputes values with its
+current critic. Evaluation and checkpoints see the collector paused at a rollout boundary, so a checkpoint holds
+both sides at one point; an error on either side stops both and never overwrites the last consistent last.pt. Each
+side has its own random stream: on CPU a command gives the same run bit for bit (--max-staleness 0: synchronous
+PPO). Read top to bottom: `Args`, the pure functions (ppo_vla.py's, and `collector_step`), the `Collector`, then
+`main`.
 """
 
 from __future__ import annotations
@@ -319,13 +320,8 @@ class Collector:
         seeds = {name: shared.stream_seed(args.seed, name) for name in ("train_envs", "collector")}
         self.next_obs, self.next_index = envs.reset(seed=seeds["train_envs"])[0], 0  # or load_state()
         self.generator = torch.Generator(device=device).manual_seed(seeds["collector"])  # its own stream
-        self.step = partial(
-            collector_step,
-            agent,
-            generator=self.generator,
-            temperature=args.temperature,
-            per_token=args.loss_agg == "token",
-        )
+        self.step = partial(collector_step, agent, generator=self.generator, temperature=args.temperature,
+                            per_token=args.loss_agg == "token")  # fmt: skip
         self.piece, self.amp = args.micro_batch_size or sys.maxsize, shared.autocast(args.autocast, device)
         self.decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]
         self.task_names, self.consumed, self.error = envs.metadata.get("task_names"), 0, None  # (see publish, _run)
@@ -337,16 +333,22 @@ class Collector:
         self.thread = threading.Thread(target=self._run, name="ppo-async-collector", daemon=True)
 
     def publish(self, consumed: int, version: int, agent: nn.Module) -> None:
-        """Hand the learner's policy after `consumed` rollouts to the collector: the first call copies all of it; each
-        call snapshots what can change (trainable parameters, buffers, and a frozen parameter once its version counter
-        says it changed in place or was replaced). A resume applies its snapshots to the resumed weights."""
-        state = agent.state_dict(keep_vars=True)
+        """Hand the learner's policy after `consumed` rollouts to the collector: the first call copies what its copy
+        does not share (`shared.inference_copy` shares the frozen parameters: the learner's own tensors, never
+        written); each call snapshots what can change (trainable parameters, buffers, and a frozen parameter not
+        shared once its version counter says it changed in place or was replaced). A resume applies its snapshots."""
+        state, own = agent.state_dict(keep_vars=True), self.agent.state_dict(keep_vars=True)
+        same = {k for k, v in state.items() if own[k] is v}  # the tensors the collector's copy shares
         if self.seen is None:
-            self.agent.load_state_dict(state)
+            self.agent.load_state_dict({k: v for k, v in state.items() if k not in same}, strict=False)
             self.seen = {k: (v.data_ptr(), v._version) for k, v in state.items() if isinstance(v, nn.Parameter)}
+            for _, snapshot in self.snapshots.values():  # a resume's: never to be written into a shared tensor
+                for key in same & snapshot.keys():
+                    del snapshot[key]
         for key, value in state.items():
             if key not in self.seen or value.requires_grad or self.seen[key] != (value.data_ptr(), value._version):
                 self.changing.add(key)
+        self.changing -= same
         snapshot = (version, {k: state[k].detach().clone() for k in self.changing})
         with self.cond:
             self.snapshots[consumed], self.consumed = snapshot, consumed
@@ -519,7 +521,7 @@ def main(args: Args) -> dict:
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)
-    inference_agent = make_agent(eval_envs, args).to(device)  # the collector's copy (before a resume's RNG)
+    inference_agent = shared.inference_copy(agent)  # the collector's: the learner's frozen weights, its own trainables
 
     consumed, version, global_step, dropped = 0, 0, 0, 0  # the learner's: rollouts, updates, env steps, dropped
     collector = Collector(envs, inference_agent, args, num_iterations, device)  # resets the envs

@@ -13,9 +13,10 @@ alike and skip the same non-finite steps; all-reduced decisions (target-KL stop,
 rank 0 alone logs, evaluates and writes checkpoints. A rank that dies or stalls stops all with one error line.
 
 With `--fsdp` (FSDP2's `fully_shard`; a policy's own `fsdp_units()`, e.g. a VLA's layers, one by one) every rank
-holds a shard of the parameters, gradients and optimizer state: FSDP averages the gradients in the backward pass,
-the rollout and the evaluations act with a whole copy of the weights gathered after every update, and checkpoints
-hold whole tensors (a resume keeps `--fsdp`).
+holds a shard of the trainable parameters, their gradients and optimizer state: FSDP averages the gradients in the
+backward pass; frozen weights are not sharded, one whole copy per rank that the agent and its inference copy share;
+the rollout and the evaluations act with that copy, its trainable weights gathered whole after every update; and
+checkpoints hold whole tensors (a resume keeps `--fsdp`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 from torch.distributed.fsdp import fully_shard
 
 from cleanrl_embodied import shared
@@ -386,11 +387,9 @@ def train(
     frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
     logger = shared.RunLogger("ppo_vla_ddp", args, total_iterations=num_iterations) if rank == 0 else None
     evaluator = rank == 0 and shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
-    agent_inference = agent  # what the rollout and evaluations act with: with --fsdp a copy of the whole weights
-    if args.fsdp:  # (the agent holds shards), refreshed after every update; its build draws from no run stream
-        with torch.random.fork_rng(devices=[]):
-            agent_inference = make_agent(envs, args).to(device)
-        from_module(agent).data.to_module(agent_inference)
+    agent_inference = agent  # what the rollout and evaluations act with: with --fsdp a copy sharing the frozen
+    if args.fsdp:  # weights, its own trainable ones whole (the agent holds shards of them), refreshed after each update
+        agent_inference = shared.inference_copy(agent)
     max_rows = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
     act = partial(eval_action, agent_inference, deterministic=args.eval_deterministic, size=max_rows)
     if args.eval_checkpoint:  # evaluate a saved policy on rank 0 and exit
@@ -398,10 +397,10 @@ def train(
         if rank == 0:
             return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
         return {"run_dir": None, "eval": None, "global_step": ckpt["global_step"]}
-    if args.fsdp:  # shard the agent over the ranks: a policy's own units (e.g. a VLA's layers), then the rest
-        for unit in getattr(agent, "fsdp_units", list)():
-            fully_shard(unit)
-        fully_shard(agent)  # (the inference copy keeps the whole weights it was built with, rank 0's)
+    if args.fsdp:  # shard what trains over the ranks: a policy's own units (e.g. a VLA's layers), then the rest
+        whole = {p for p in agent.parameters() if not p.requires_grad}  # frozen: whole, shared with agent_inference
+        for unit in [*getattr(agent, "fsdp_units", list)(), agent]:
+            fully_shard(unit, ignored_params=whole)
 
     params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     value_ids = {id(p) for p in agent.value_parameters()} if args.critic_warmup_iterations else set()

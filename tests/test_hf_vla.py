@@ -306,6 +306,73 @@ def test_a_bfloat16_backbone_keeps_float32_adapters_and_heads():
     assert dist.mean.dtype == torch.float32 and value.dtype == torch.float32
 
 
+# ---- FSDP units and gradient checkpointing -----------------------------------------------------------------------
+LAYER_PATHS = {  # where each family's transformer layers live (transformers' module names)
+    "paligemma": ("model.vision_tower.encoder.layers.", "model.language_model.layers."),
+    "smolvlm": ("model.vision_model.encoder.layers.", "model.text_model.layers."),
+}
+
+
+@pytest.mark.parametrize("model_type", ["paligemma", "smolvlm"])
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_fsdp_units_are_every_transformer_layer_of_both_towers(model_type, num_layers):
+    """ppo_vla_ddp --fsdp shards each unit on its own: every layer of the vision tower and of the language model."""
+    policy = build(lang_env(num_envs=2), model_type=model_type, num_layers=num_layers, hidden_size=32)
+    units = policy.fsdp_units()
+    names = {id(m): n for n, m in policy.backbone.named_modules()}
+    assert len(units) == 2 * num_layers and len({id(u) for u in units}) == len(units)
+    for tower in LAYER_PATHS[model_type]:  # (peft's wrapper renames nothing in the base model)
+        found = sorted(names[id(u)] for u in units if names[id(u)].startswith(tower))
+        assert [n.rsplit(".", 1)[-1] for n in found] == [str(i) for i in range(num_layers)], (tower, found)
+
+
+@pytest.mark.parametrize("model_type", ["paligemma", "smolvlm"])
+def test_gradient_checkpointing_recomputes_the_layers_for_the_same_loss_and_gradients(model_type):
+    """--policy-kwargs gradient_checkpointing: transformers' non-reentrant checkpointing of every layer. A training
+    forward and backward run each layer twice (the backward recomputes it) and give the loss and gradients of the
+    policy without it; a forward without gradients (the rollout) runs each layer once."""
+    env = lang_env(num_envs=3)
+    obs = first_obs(env)
+    results = {}
+    for checkpointing in (False, True):
+        policy = build(env, model_type=model_type, gradient_checkpointing=checkpointing)
+        assert policy.backbone.is_activation_checkpointing == checkpointing
+        with torch.no_grad():  # adapters that act (B starts at zero), the same in both builds
+            for name, p in sorted(policy.named_parameters()):
+                if "lora_B" in name:
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).view_as(p))
+        calls = []
+        mlp = policy.fsdp_units()[-1].mlp  # a submodule of the language model's last layer
+        mlp.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1))  # (a recompute may stop inside it)
+        with torch.no_grad():
+            policy(obs)
+        assert len(calls) == 1
+        dist, value = policy(obs)
+        loss = -dist.log_prob(dist.mode).sum() + value.pow(2).sum()
+        loss.backward()
+        assert len(calls) == 1 + 1 + checkpointing, checkpointing  # recomputed in the backward
+        grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+        assert any("lora_A" in n and "layers" in n for n in grads)
+        results[checkpointing] = loss.detach(), grads
+    (loss, grads), (loss_ckpt, grads_ckpt) = results[False], results[True]
+    torch.testing.assert_close(loss_ckpt, loss)
+    assert grads_ckpt.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, msg=name)
+
+
+def test_gradient_checkpointing_is_a_run_option_a_saved_vla_does_not_record(tmp_path):
+    env = lang_env(num_envs=2)
+    build(env, gradient_checkpointing=True).save_pretrained(tmp_path / "vla")
+    assert "checkpointing" not in (tmp_path / "vla" / "vla_config.json").read_text()
+    assert not build(env, model_path=str(tmp_path / "vla")).backbone.is_activation_checkpointing
+    loaded = build(env, model_path=str(tmp_path / "vla"), gradient_checkpointing=True)
+    assert loaded.backbone.is_activation_checkpointing
+    with pytest.raises(SystemExit) as e:
+        build(env, gradient_checkpointing="yes")
+    assert "gradient_checkpointing" in one_line_exit(e)
+
+
 # ---- saving and loading -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("head", ["bins", "gaussian"])
 def test_save_load_restores_the_policy_and_starts_fresh_adapters(head, tmp_path):

@@ -20,7 +20,7 @@ except ImportError:
         raise
     pytest.skip("examples.hf_vla needs the vla extra (uv sync --extra vla)", allow_module_level=True)
 
-from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp
+from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
 from cleanrl_embodied.shared.checkpoints import model_state
 from cleanrl_embodied.shared.envs import make_env
 from examples.hf_vla import make_policy
@@ -79,6 +79,42 @@ def test_every_trainer_trains_the_vla_and_checkpoints_only_what_trains(name, tmp
             assert nbytes(snapshot) <= 2 * nbytes({k: p for k, p in policy.named_parameters() if p.requires_grad})
 
 
+def test_the_inference_copy_shares_the_vlas_frozen_backbone_and_syncs_what_trains():
+    """`shared.inference_copy` of the VLA (ppo_vla_async's collector, ppo_vla_ddp --fsdp's inference copy): every frozen
+    parameter is the learner's storage, every trainable one the copy's own; after an update the learner's trainable
+    tensors reach the copy through either trainer's sync (the collector's snapshot, FSDP's copy_unsharded_into) and
+    the two act alike."""
+    env = make_env("PushCubeLangRL", num_envs=2, **ENV)
+    args = vla_args("ppo_vla_async", Path("."), num_envs=2, max_staleness=0)
+    learner = make_policy(env.single_observation_space, env.single_action_space, args, **POLICY)
+    copy = shared.inference_copy(learner)
+    frozen = [(n, p, q) for (n, p), q in zip(learner.named_parameters(), copy.parameters()) if not p.requires_grad]
+    trained = [(n, p, q) for (n, p), q in zip(learner.named_parameters(), copy.parameters()) if p.requires_grad]
+    assert all(p.data_ptr() == q.data_ptr() for _, p, q in frozen) and len(frozen) > len(trained) > 0
+    assert all(p.data_ptr() != q.data_ptr() and q.requires_grad for _, p, q in trained)
+    assert any("lora_" in n for n, _, _ in trained) and any(n.startswith("value_head.") for n, _, _ in trained)
+    obs = env.reset(seed=0)[0]
+    dist, value = learner(obs)
+    optimizer = torch.optim.Adam([p for _, p, _ in trained], lr=1e-2)
+    (value.pow(2).sum() - dist.log_prob(dist.mode).sum()).backward()
+    optimizer.step()
+    assert not all(torch.equal(p, q) for _, p, q in trained)
+    collector = ppo_vla_async.Collector(env, copy, args, total_rollouts=1, device=torch.device("cpu"))
+    collector.publish(0, 1, learner)
+    snapshot = collector.snapshots[0][1]
+    assert set(snapshot) == set(model_state(learner))  # what trains and the buffers, no frozen weight
+    copy.load_state_dict(snapshot, strict=False)  # as the collector does before a rollout
+    assert all(torch.equal(p, q) for _, p, q in trained)
+    with torch.no_grad():
+        for *_, q in trained:
+            q.zero_()
+        shared.copy_unsharded_into(copy, learner)  # ppo_vla_ddp --fsdp's sync after an update
+        assert all(torch.equal(p, q) for _, p, q in trained)
+        assert torch.equal(learner.dist(obs).logits, copy.dist(obs).logits)
+    assert all(p.data_ptr() == q.data_ptr() for _, p, q in frozen)
+    env.close()
+
+
 @pytest.mark.parametrize("name", ["ppo_vla", "ppo_vla_ddp", "ppo_vla_ddp --fsdp", "ppo_vla_async", "grpo_vla"])
 def test_a_vla_run_resumes_bit_identically(name, tmp_path):
     """Chunks of 2 actions of 16 bins, under bf16 autocast in pieces of 3: three iterations straight, or one and two
@@ -110,15 +146,40 @@ def test_a_checkpoint_is_refused_for_another_base_model(tmp_path):
 def ddp_worker(out: Path) -> None:
     """Under torchrun, on each of two ranks: the VLA replicated, then sharded with FSDP2, in one process group that
     this worker sets up (main() keeps a group its caller made; a second init_process_group after a destroy in the
-    same process can hang in gloo's rendezvous)."""
+    same process can hang in gloo's rendezvous); the sharded run with gradient checkpointing (the same update) and
+    what its agent and inference copy hold in fsdp_RANK.json."""
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    copies, original = [], shared.inference_copy  # (agent, its inference copy) of the sharded run
+
+    def recorded(module):
+        copies.append((module, original(module)))
+        return copies[-1][1]
 
     dist.init_process_group("gloo")
+    shared.inference_copy = recorded
     try:
-        for name, fsdp in (("replicated", False), ("sharded", True)):
-            ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2))
+        for name, fsdp in (("replicated", False), ("sharded", True)):  # (sharded: with gradient checkpointing too)
+            kwargs = json.dumps({**POLICY, "gradient_checkpointing": fsdp})
+            ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2,
+                                      policy_kwargs=kwargs))  # fmt: skip
     finally:
+        shared.inference_copy = original
         dist.destroy_process_group()
+    ((agent, copy),) = copies
+    pairs = list(zip(agent.parameters(), copy.parameters()))
+    checks = {
+        "units": sum(isinstance(m, FSDPModule) for m in agent.modules()),
+        "checkpointing": copy.backbone.is_activation_checkpointing,
+        "layers": len(copy.fsdp_units()),
+        "frozen_shared_whole": all(p.data_ptr() == q.data_ptr() and not isinstance(p, DTensor)
+                                   for p, q in pairs if not p.requires_grad),
+        "trainable_sharded": all(isinstance(p, DTensor) and not isinstance(q, DTensor)
+                                 for p, q in pairs if p.requires_grad),
+    }  # fmt: skip
+    (out / f"fsdp_{os.environ['RANK']}.json").write_text(json.dumps(checks))
 
 
 def test_ppo_vla_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path):
@@ -132,6 +193,10 @@ def test_ppo_vla_ddp_trains_the_vla_on_two_ranks_replicated_and_sharded(tmp_path
     for key, value in replicated["model"].items():  # whole tensors, the same update up to float rounding
         torch.testing.assert_close(sharded["model"][key], value, rtol=1e-3, atol=1e-5)
     assert "fsdp: this rank holds" in output
+    for rank in (0, 1):  # each layer its own unit; the frozen backbone whole, once: the agent's and its copy's
+        checks = json.loads((tmp_path / f"fsdp_{rank}.json").read_text())
+        assert checks == {"units": checks["layers"] + 1, "layers": 4, "checkpointing": True,
+                          "frozen_shared_whole": True, "trainable_sharded": True}  # fmt: skip
 
 
 if __name__ == "__main__":

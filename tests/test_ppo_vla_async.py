@@ -22,7 +22,7 @@ import torch
 import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_embodied import ppo_vla_async
+from cleanrl_embodied import ppo_vla_async, shared
 from cleanrl_embodied.shared import make_env
 
 SCRIPT = Path(ppo_vla_async.__file__)
@@ -509,4 +509,41 @@ def test_ppo_async_collector_copies_the_frozen_part_once():
         learner.backbone.bias.add_(1.0)
     collector.publish(1, 1, learner)
     assert set(collector.snapshots[1][1]) == trainable | {"backbone.bias"}
+    envs.close()
+
+
+def test_ppo_async_collectors_copy_shares_the_frozen_weights_and_gets_what_trains():
+    """The collector's copy (`shared.inference_copy`, as main builds it) holds the learner's frozen tensors themselves
+    (one backbone in memory) and its own trainable parameters and buffers. A snapshot holds only those; applied as the
+    collector applies it before a rollout, they equal the learner's. A frozen parameter changed in place is the
+    copy's at once (never snapshotted: the collector never writes into a shared tensor, a resumed snapshot of it
+    included); one the learner replaced is no longer shared and is copied from then on."""
+    args = ppo_vla_async.Args(**{**ASYNC, "num_envs": 2, "action_head": "bins", "action_bins": 8})
+    envs = make_env("PushCubeRL", num_envs=2, seed=0)
+    learner = toy_policies.frozen_backbone(envs.single_observation_space, envs.single_action_space, args, width=64)
+    inference = shared.inference_copy(learner)
+    for (name, mine), theirs in zip(learner.named_parameters(), inference.parameters()):
+        assert (mine.data_ptr() == theirs.data_ptr()) == (not mine.requires_grad), name
+    assert inference.backbone.weight is learner.backbone.weight and inference.action_low is not learner.action_low
+    collector = ppo_vla_async.Collector(envs, inference, args, total_rollouts=1, device=torch.device("cpu"))
+    collector.snapshots[-1] = (0, {"backbone.bias": torch.zeros(64)})  # as a resume could hand it
+    collector.publish(0, 0, learner)
+    assert "backbone.bias" not in collector.snapshots[-1][1]
+    trainable = {k for k, p in learner.named_parameters() if p.requires_grad} | {k for k, _ in learner.named_buffers()}
+    assert set(collector.snapshots[0][1]) == trainable
+    with torch.no_grad():
+        for p in [p for p in learner.parameters() if p.requires_grad]:
+            p.add_(0.5)
+        learner.backbone.bias.add_(1.0)  # in place: the copy's too
+    collector.publish(1, 1, learner)
+    assert set(collector.snapshots[1][1]) == trainable
+    inference.load_state_dict(collector.snapshots[1][1], strict=False)  # what the collector does before a rollout
+    for key, value in learner.state_dict().items():
+        assert torch.equal(inference.state_dict()[key], value), key
+    learner.backbone.weight = torch.nn.Parameter(learner.backbone.weight + 1.0, requires_grad=False)  # replaced
+    collector.publish(2, 2, learner)
+    assert set(collector.snapshots[2][1]) == trainable | {"backbone.weight"}
+    inference.load_state_dict(collector.snapshots[2][1], strict=False)
+    assert torch.equal(inference.backbone.weight, learner.backbone.weight)
+    assert inference.backbone.bias is learner.backbone.bias
     envs.close()

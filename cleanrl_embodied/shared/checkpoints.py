@@ -1,4 +1,5 @@
-"""Checkpoint plumbing: loading with its compatibility checks, and the random state a resume restores.
+"""Checkpoint plumbing: loading with its compatibility checks, and the random state a resume restores; what trains
+and what is frozen (`model_state`, `frozen_fingerprint`, and `inference_copy`, a copy that shares the frozen part).
 
 What a checkpoint *holds* is the trainer's business (it builds the dict); this module only loads one
 safely and says, in one line, why a file cannot serve the run at hand. Files are written with
@@ -7,6 +8,7 @@ safely and says, in one line, why a file cannot serve the run at hand. Files are
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -30,6 +32,7 @@ __all__ = [
     "check_env_sizes",
     "env_record",
     "frozen_fingerprint",
+    "inference_copy",
     "load_checkpoint",
     "load_model_state",
     "load_optimizer",
@@ -305,6 +308,17 @@ def model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     checks that it is the same. For the trainers' own agents, which train everything, this is the whole state."""
     state = module.state_dict(keep_vars=True)
     return {k: v.detach() for k, v in state.items() if not (isinstance(v, torch.nn.Parameter) and not v.requires_grad)}
+
+
+def inference_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module`` that shares its frozen parameters (``requires_grad`` off: the very same tensors, never
+    copied) and holds its own copies of the rest, the trainable parameters and the buffers (what :func:`model_state`
+    names, and what a trainer copies into it after each update). A copy that acts beside the learner (an async
+    collector, FSDP's whole-weight inference copy) thus costs the trainable part, not a second backbone. A frozen
+    parameter the learner changed in place would change in the copy too; buffers are never shared (a trainer writes
+    the learner's into the copy, which must not write into the learner's)."""
+    memo = {id(p): p for p in module.parameters() if not p.requires_grad}  # deepcopy returns these as they are
+    return copy.deepcopy(module, memo)
 
 
 def frozen_fingerprint(module: torch.nn.Module) -> str:

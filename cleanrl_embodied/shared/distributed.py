@@ -97,8 +97,8 @@ def unsharded(tensor: torch.Tensor) -> torch.Tensor:
 
 def copy_unsharded_into(copy: torch.nn.Module, module: torch.nn.Module) -> None:
     """Copy ``module``'s trainable parameters and buffers, gathered whole where FSDP shards them (a collective:
-    every rank calls it), into ``copy``, a plain module of the same architecture (its frozen weights it builds
-    itself)."""
+    every rank calls it), into ``copy``, a plain module of the same architecture (``inference_copy``: its frozen
+    weights are ``module``'s own, never sharded, so nothing else needs copying)."""
     state = copy.state_dict()
     with torch.no_grad():
         for key, value in model_state(module).items():

@@ -66,6 +66,7 @@ from transformers import (
     SmolVLMForConditionalGeneration,
 )
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging as hf_logging
 
 from cleanrl_embodied.shared.cli import fail
@@ -381,10 +382,12 @@ class HFVLAPolicy(nn.Module):
         config: VLAConfig,
         lora: dict[str, Any],
         statistics: DatasetStatistics | None = None,
+        gradient_checkpointing: bool = False,
     ):
         """``config.action_tokens`` None builds the ``bin_tokens`` map (this module's tokenizer) into it; ``statistics``
-        None decodes over the env's bounds (``DatasetStatistics.env_bounds``). A one-line ValueError when the
-        action-token map does not fit this tokenizer and LM head, or the statistics this env."""
+        None decodes over the env's bounds (``DatasetStatistics.env_bounds``); ``gradient_checkpointing``: see
+        `enable_gradient_checkpointing`. A one-line ValueError when the action-token map does not fit this tokenizer
+        and LM head, or the statistics this env."""
         super().__init__()
         self.config, self.tokenizer = config, tokenizer
         self.model_type = config.model_type
@@ -448,6 +451,35 @@ class HFVLAPolicy(nn.Module):
         self._fixed_prompt = self.prompts.texts([config.instruction]) if config.instruction is not None else None
         vision = self.backbone.config.vision_config
         self.vision_size = (vision.image_size, vision.image_size)
+        if gradient_checkpointing:
+            self.enable_gradient_checkpointing()
+
+    def layers(self) -> list[nn.Module]:
+        """The backbone's transformer layers, the vision tower's and the language model's (transformers'
+        ``GradientCheckpointingLayer`` blocks: SigLIP's encoder layers, Gemma's or SmolLM2's decoder layers)."""
+        return [m for m in self.backbone.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """What ppo_vla_ddp --fsdp shards one by one before the rest: each transformer layer (`layers`), so a
+        training forward gathers one layer's adapters at a time."""
+        return self.layers()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """transformers' non-reentrant gradient checkpointing of every layer (`layers`): a training forward keeps
+        each layer's input only and the backward recomputes the rest, for less memory and the same loss and
+        gradients. transformers checkpoints a layer in training mode only, so the layers alone are put in it: their
+        submodules (attention dropout, if a checkpoint has any) stay in eval mode, and a forward without gradients
+        (the rollout) runs as before."""
+        backbone, options = self.backbone, {"use_reentrant": False}
+        with quiet():  # (transformers 5.x: activation_*, before: gradient_checkpointing_*)
+            if hasattr(backbone, "activation_checkpointing_enable"):
+                backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+            else:
+                backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        if getattr(backbone, "_require_grads_hook", None) is not None:  # (the embeddings' hook that transformers
+            backbone.disable_input_require_grads()  # adds with it: reentrant checkpointing needs it, this does not)
+        for layer in self.layers():
+            layer.training = True
 
     def set_statistics(self, statistics: DatasetStatistics) -> None:
         """Decode actions and normalise the state with ``statistics`` from now on (what ``save_pretrained`` writes to
@@ -696,7 +728,8 @@ ARCHITECTURE_KWARGS = ("model_type", "hidden_size", "num_layers", "num_heads", "
 PATCH_SIZE = {"paligemma": 16, "smolvlm": 8, "idefics3": 8}  # a fresh model's default patch size
 HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens",
                "cameras")  # fmt: skip
-RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd")
+RUN_KWARGS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "dtype", "init_seed", "start_logstd",
+              "gradient_checkpointing")  # fmt: skip
 STATS_KWARGS = ("action_stats", "unnorm_key")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ENV_BOUNDS = "env_bounds"
@@ -744,8 +777,9 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
             "--policy-kwargs: lora_targets must be a regex string, 'all-linear' or a list of module names, "
             f"got {targets!r}"
         )
-    if not isinstance(kwargs.get("train_action_tokens", True), bool):
-        fail(f"--policy-kwargs: train_action_tokens must be true or false, got {kwargs['train_action_tokens']!r}")
+    for name in ("train_action_tokens", "gradient_checkpointing"):
+        if not isinstance(kwargs.get(name, True), bool):
+            fail(f"--policy-kwargs: {name} must be true or false, got {kwargs[name]!r}")
 
 
 def _env_config(
@@ -917,7 +951,9 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     ``lora_rank`` (16), ``lora_alpha`` (32), ``lora_targets`` ("all-linear", a regex or a list of module names),
     ``dtype`` of the frozen weights (float32, bfloat16; default float32 fresh, a checkpoint's own when loaded),
     ``init_seed`` (0: what is random at build, so every call builds the same policy), ``start_logstd`` (gaussian
-    head: the log-std the policy and its reference start from, replacing the built or loaded one)."""
+    head: the log-std the policy and its reference start from, replacing the built or loaded one),
+    ``gradient_checkpointing`` (false; true: `HFVLAPolicy.enable_gradient_checkpointing`, a run option that a saved
+    VLA does not record)."""
     _check_kwargs(kwargs)
     if getattr(args, "norm_obs", False):
         fail("--policy examples.hf_vla:make_policy scales its images itself and has no obs_rms; drop --norm-obs")
@@ -995,7 +1031,8 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
         statistics = _statistics(kwargs, env, config)
         backbone.eval()  # no dropout (the configs have none; a checkpoint's might)
         try:
-            policy = HFVLAPolicy(backbone, tokenizer, config, lora, statistics)
+            checkpointing = kwargs.get("gradient_checkpointing", False)
+            policy = HFVLAPolicy(backbone, tokenizer, config, lora, statistics, gradient_checkpointing=checkpointing)
         except ValueError as e:
             fail(f"{where}: {e}")
         if saved is not None:
