@@ -53,6 +53,7 @@ CASES = {  # kwarg: (bad value, what the message must say it allows)
     "privileged_state": ("yes", "true or false"),
     "tasks": (["up"], "null or a list of distinct task names from forward, left, back, right"),
     "instruction_length": (8, "an integer >= 26 (bytes of the longest instruction)"),
+    "instructions": ("test", '"train" or "heldout"'),
 }
 # device and seed come from the trainer (--cuda, --seed); given in --env-kwargs too they are refused as duplicates
 SET_BY_THE_TRAINER = {"device", "seed"}
