@@ -577,6 +577,7 @@ def test_vla_rl_report_pairs_every_row_with_its_own_seeds_start_and_control():
     grpo = next(line for line in table if line.startswith("| GRPO |"))
     assert f"| {vla_rl.signed([0.3, 0.1])} | {vla_rl.signed([0.5 - 0.3, 0.7 - 0.9])} |" in grpo  # gain, - control
     assert vla_rl.signed([0.5 - 0.3, 0.7 - 0.9]).startswith("+0.00 ± ")
+    assert f"| {vla_rl.signed([0.2 - 0.1, 0.3 - 0.4])} |" in grpo  # held out, minus the control's held out
     assert "0.20 (in the band)" in vla_rl.report(data) and "0.60 (in the band)" in vla_rl.report(data)
 
 
