@@ -262,9 +262,10 @@ def final_eval(args: Args, seed: int) -> dict:
     key["episodes"] = args.final_eval_episodes
     cache = runs_dir(args) / f"final_eval_s{seed}.json"
     kept = json.loads(cache.read_text()) if cache.is_file() else {"results": {}}
-    results = {n: r for n, r in kept["results"].items() if kept.get("key", {}).get(n) == key[n]}
-    if kept.get("key", {}).get("episodes") != key["episodes"]:
-        results = {}
+    old_key = kept.get("key", {}) if kept.get("key", {}).get("episodes") == key["episodes"] else {}
+    # a policy's result is kept while its file is unchanged; rows not asked for this time keep theirs too
+    results = {n: r for n, r in kept["results"].items() if n in old_key and old_key[n] == key.get(n, old_key[n])}
+    key = {**{n: k for n, k in old_key.items() if n in results}, **key}
     head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
     envs = {which: paired_env(args, seed, which) for which in ("train", "heldout")}
     torch.set_num_threads(1)
