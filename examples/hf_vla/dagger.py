@@ -110,7 +110,7 @@ def main(args: Args) -> dict:
     demo_env = make_env(bc_args["env_id"], num_envs=bc_args["num_envs"], seed=bc_args["seed"], **env_kwargs)
     obs, targets, _ = collect_demos(demo_env, bc_args["demo_episodes"], bc_args["seed"], 1, bc_args["demo_noise"])
     demo_env.close()
-    data = {"obs": [obs], "targets": [targets]}
+    all_obs, all_targets = obs, targets  # the aggregate dataset
     demo_samples = len(targets)
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
@@ -122,11 +122,8 @@ def main(args: Args) -> dict:
     while time.process_time() - cpu_start < budget_s:
         policy.eval()
         new_obs, new_targets, next_obs = label_rollout(policy, env, next_obs, args.round_steps, args.rollout_actions)
-        data["obs"].append(new_obs)
-        data["targets"].append(new_targets)
-        all_obs, all_targets = torch.cat(data["obs"]), torch.cat(data["targets"])
-        data = {"obs": [all_obs], "targets": [all_targets]}
-        valid = torch.ones(all_targets.shape[:2], dtype=torch.bool)
+        all_obs, all_targets = torch.cat([all_obs, new_obs]), torch.cat([all_targets, new_targets])
+        valid = torch.ones(all_targets.shape[:2], dtype=torch.bool)  # (a chunk of one: every label is valid)
         policy.train()
         for _ in range(args.updates_per_round):
             spent = (time.process_time() - cpu_start) / budget_s
@@ -155,7 +152,7 @@ def main(args: Args) -> dict:
         "rounds": rounds,
         "updates": updates,
         "demo_samples": demo_samples,
-        "samples": len(data["targets"][0]),
+        "samples": len(all_targets),
         "env_steps": rounds * args.round_steps * args.num_envs,
         "cpu_s": cpu_s,
         "wall_s": wall_s,
