@@ -13,8 +13,17 @@ def single_thread():
     torch.set_num_threads(previous)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="write the numeric fingerprints' golden files anew (tests/numerics.py) instead of comparing with them",
+    )
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (benchmarks/gpu_check.py runs `pytest -m cuda`)")
+    config.addinivalue_line("markers", "numerics: numeric fingerprints against golden files (tests/numerics.py)")
 
 
 def pytest_collection_modifyitems(config, items):
