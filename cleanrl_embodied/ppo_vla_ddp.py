@@ -356,6 +356,7 @@ def main(args: Args) -> dict:
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr", "fsdp")},
         read=rank == 0,  # the others get the content from rank 0
     )
+    ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, ckpt_path)  # ppo_vla.py's: evaluate its actor alone
     with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
         return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
 
