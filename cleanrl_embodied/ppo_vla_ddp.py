@@ -2,7 +2,8 @@
 
     uv run torchrun --standalone --nproc_per_node 2 cleanrl_embodied/ppo_vla_ddp.py --env-id PushCubeLangRL \
         --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}' --fsdp
-    uv run python cleanrl_embodied/ppo_vla_ddp.py ...        # without torchrun: a world of one (ppo_vla.py's run)
+    uv run python cleanrl_embodied/ppo_vla_ddp.py --env-id PushCubeLangRL \
+        --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'  # a world of one
 
 This is ppo_vla.py made data-parallel, with `--backend`, `--dist-timeout-s` and `--fsdp` besides its flags. Every
 rank steps its own `--num-envs` envs, collects its own rollout and cuts it into its own minibatches, with its own
