@@ -143,8 +143,8 @@ def _env_differences(env_id: str, theirs: dict, ours: dict) -> list[tuple[str, A
 def _check_env(ckpt: dict, path: str, flag_name: str, options: EnvOptions, eval_envs: bool, show: bool) -> None:
     """Refuse, in one line, a checkpoint whose env had other options that change what the policy sees or what its
     actions mean than this run's training envs (or eval envs: ``eval_envs``); name the allowed differences in a note. An
-    ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written before they recorded
-    their env (issue 28) are checked against the options in their ``args``."""
+    ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written by older versions, which
+    did not record their env, are checked against the options in their ``args``."""
     record = ckpt.get("env") or {
         key: json.loads(ckpt["args"].get(key) or "{}") for key in ("env_kwargs", "eval_env_kwargs")
     }
