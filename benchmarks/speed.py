@@ -19,7 +19,7 @@ Parts, measured one after another in this one invocation (threads pinned, warm-u
    (advantages + epochs of minibatch loss/backward/step). The iteration is the time between two `log` calls; the
    rest (overhead) is what is left: storage writes, the TensorDict the policy step returns, finite checks, episode
    statistics, logging, progress bar, and the timers' own calls (a few microseconds per env step; plain function
-   calls, no synchronization on the CPU). Until issue 15 the sampling and log-prob counted as rest (at 1 env on
+   calls, no synchronization on the CPU). In older reports the sampling and log-prob counted as rest (at 1 env on
    HalfCheetah that was most of a 20% rest). On CUDA the timers synchronize at every boundary. Profilers were not
    used: cProfile's per-call cost inflates exactly the Python-heavy parts (env wrappers, TensorDict) whose share
    we want to know.

@@ -30,6 +30,7 @@ import importlib.util
 import io
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -120,6 +121,14 @@ def deterministic_action(module, script: str, agent: nn.Module) -> Callable:
     return act if script in CLASSIC else partial(act, size=sys.maxsize)
 
 
+def actor_of(module, agent: nn.Module) -> nn.Module:
+    """What acts: the agent, or under ppo_vla's --privileged-critic the policy its `PrivilegedCritic` wraps (that
+    wrapper adds the trainer's critic MLP, which no actor reads, and passes on only the policy's `dist` and
+    `env_action`): the policy's own methods (`save_pretrained`) and weights are what gets exported."""
+    wrapper = getattr(module, "PrivilegedCritic", None)
+    return agent.policy if wrapper is not None and isinstance(agent, wrapper) else agent
+
+
 def policy_name(targs) -> str:
     return f"--policy {targs.policy}" if targs.policy else "the built-in agent"
 
@@ -190,14 +199,20 @@ class DeterministicActor(nn.Module):
 
 @contextlib.contextmanager
 def quiet():
-    """No deprecation or tracer warnings, progress lines or exporter logs while tracing and exporting (the check
-    after writing is what tells whether the files are right)."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    """No deprecation or tracer warnings, progress lines, exporter logs or printed graphs (a failed torch.export prints
+    its partial graph to stderr) while tracing and exporting: the check after writing is what tells whether the files
+    are right, and a failure is one line."""
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript")  # (torch.fx: symbolic shapes)
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     try:
         for logger in loggers:
             logger.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -206,7 +221,7 @@ def quiet():
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # (no terminal colour codes in the line)
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
@@ -461,7 +476,8 @@ def main(args: Args) -> dict:
     shared.check_env_sizes(envs, (ckpt, "checkpoint"))
     agent = build_policy(module, script, envs, targs)
     shared.load_model_state(agent, ckpt, "checkpoint", args.checkpoint)
-    agent.eval()
+    privileged = privileged_entries(agent)  # (what a wrapper's critic alone reads)
+    agent = actor_of(module, agent).eval()
     who = policy_name(targs)
     space = module.action_space(envs, targs) if script in VLA else envs.single_action_space  # (a chunk: [K, D])
     pretrained = args.format == "pretrained" or (
@@ -480,7 +496,7 @@ def main(args: Args) -> dict:
         obs = record_observations(envs, args.seed)
         all_keys = entry_keys(envs.single_observation_space)
         actor = DeterministicActor(agent, deterministic_action(module, script, agent), all_keys, space, args.clip)
-        actor.keys = choose_inputs(args, actor, obs[: args.num_check_envs], all_keys, privileged_entries(agent), who)
+        actor.keys = choose_inputs(args, actor, obs[: args.num_check_envs], all_keys, privileged, who)
         description = describe(args, ckpt, targs, script, envs, space, actor.keys)
         description["files"] = {"torchscript": "actor.pt", "onnx": "actor.onnx" if args.onnx else None}
         write_traced(args, actor, obs, description, who)

@@ -404,7 +404,8 @@ def main(args: Args) -> dict:
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
         shared.load_optimizer(optimizer, ckpt["optimizer"])
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.note_schedule_change(ckpt, start_iteration, num_iterations, args.learning_rate, args.anneal_lr,
+                                    logger.write)  # fmt: skip
         shared.set_rng_state(ckpt["rng"])
     logger.write(
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "

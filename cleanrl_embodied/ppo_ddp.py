@@ -461,7 +461,8 @@ def train(
         start_iteration = global_step // (batch_size * world_size) + 1  # another world size keeps the schedule
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-            shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+            shared.note_schedule_change(ckpt, start_iteration, num_iterations, args.learning_rate, args.anneal_lr,
+                                        logger.write)  # fmt: skip
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_continuous.py checkpoint is a world of one
         if (
             len(pieces) == world_size

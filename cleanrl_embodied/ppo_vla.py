@@ -400,7 +400,8 @@ def main(args: Args) -> dict:
         global_step = ckpt["global_step"]  # counted in env steps: a ppo_vla_ddp checkpoint's iterations held world_size
         start_iteration = global_step // (batch_size * args.action_chunk) + 1  # batches (and chunks of env steps)
         evaluator.best_key = tuple(ckpt["best_key"])
-        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.note_schedule_change(ckpt, start_iteration, num_iterations, args.learning_rate, args.anneal_lr,
+                                    logger.write)  # fmt: skip
         if ckpt["env_state"] is not None:  # else the envs start fresh episodes
             shared.load_env_state_dict(envs, ckpt["env_state"])
             next_obs = shared.obs_from_checkpoint(ckpt["next_obs"], device)

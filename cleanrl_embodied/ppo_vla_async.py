@@ -529,7 +529,8 @@ def main(args: Args) -> dict:
         shared.load_optimizer(optimizer, ckpt["optimizer"])
         consumed, version, dropped = ckpt["iteration"], ckpt["version"], ckpt["dropped"]
         global_step, evaluator.best_key = ckpt["global_step"], tuple(ckpt["best_key"])
-        shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+        shared.note_schedule_change(ckpt, consumed + 1, num_iterations, args.learning_rate, args.anneal_lr,
+                                    logger.write)  # fmt: skip
         shared.set_rng_state(ckpt["rng"])
         collector.load_state(ckpt["collector"])  # it stopped at a rollout boundary: continue from exactly there
     collector.publish(consumed, version, agent)

@@ -2,7 +2,8 @@
 
     uv run torchrun --standalone --nproc_per_node 2 cleanrl_embodied/ppo_vla_ddp.py --env-id PushCubeLangRL \
         --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}' --fsdp
-    uv run python cleanrl_embodied/ppo_vla_ddp.py ...        # without torchrun: a world of one (ppo_vla.py's run)
+    uv run python cleanrl_embodied/ppo_vla_ddp.py --env-id PushCubeLangRL \
+        --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'  # a world of one
 
 This is ppo_vla.py made data-parallel, with `--backend`, `--dist-timeout-s` and `--fsdp` besides its flags. Every
 rank steps its own `--num-envs` envs, collects its own rollout and cuts it into its own minibatches, with its own
@@ -356,6 +357,7 @@ def main(args: Args) -> dict:
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr", "fsdp")},
         read=rank == 0,  # the others get the content from rank 0
     )
+    ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, ckpt_path)  # ppo_vla.py's: evaluate its actor alone
     with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
         return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
 
@@ -432,7 +434,8 @@ def train(
         start_iteration = global_step // steps_per_iteration + 1
         if rank == 0:
             evaluator.best_key = tuple(ckpt["best_key"])
-            shared.note_schedule_change(ckpt, num_iterations, args.learning_rate, logger.write)
+            shared.note_schedule_change(ckpt, start_iteration, num_iterations, args.learning_rate, args.anneal_lr,
+                                        logger.write)  # fmt: skip
         pieces = [ckpt, *ckpt.get("other_ranks", [])]  # a ppo_vla.py checkpoint is a world of one
         if (
             len(pieces) == world_size

@@ -202,3 +202,29 @@ def test_checkpoints_of_the_previous_code_still_resume_and_evaluate(tmp_path, na
         )
     )
     assert "its env had obs_mode='state' (--env-kwargs), this run's --env-kwargs give obs_mode='dict'" in message
+
+
+def test_the_schedule_note_names_the_iteration_and_learning_rate_the_run_uses():
+    """note_schedule_change takes the start iteration the trainer computed (after a resume across world sizes it is
+    global_step // this run's batch + 1, not the checkpoint's iteration + 1) and speaks only when the learning rate
+    there differs from the one the checkpoint's run would have used next."""
+    from cleanrl_embodied import shared
+
+    said = []
+    two_ranks = {"iteration": 3, "num_iterations": 6}  # 3 of 6 iterations of a global batch of 160
+    shared.note_schedule_change(two_ranks, 7, 12, 1e-3, True, said.append)  # alone, batch 80: the same plan
+    assert said == []  # 0.0005 either way: the schedule did not change
+    shared.note_schedule_change(two_ranks, 7, 24, 1e-3, True, said.append)  # alone and twice as long
+    assert said == [
+        "this run has 24 iterations, the checkpoint's run 6: the learning rate follows the 24-iteration schedule, "
+        "0.00075 at iteration 7 (the old schedule had 0.0005)"
+    ]
+    said.clear()
+    shared.note_schedule_change({"iteration": 2, "num_iterations": 4}, 3, 8, 1e-3, True, said.append)
+    assert said == [
+        "this run has 8 iterations, the checkpoint's run 4: the learning rate follows the 8-iteration schedule, "
+        "0.00075 at iteration 3 (the old schedule had 0.0005)"
+    ]
+    said.clear()
+    shared.note_schedule_change({"iteration": 2, "num_iterations": 4}, 3, 8, 1e-3, False, said.append)
+    assert said == []  # --no-anneal-lr: the learning rate is 1e-3 throughout

@@ -288,6 +288,46 @@ def test_a_lora_vla_is_exported_merged_and_reloads_with_from_pretrained_as_the_p
         )
 
 
+def test_a_vla_with_a_privileged_critic_exports_its_actor_in_every_format(tmp_path, capfd):
+    """ppo_vla --privileged-critic wraps the policy with the trainer's own critic MLP: export finds the policy inside
+    (its save_pretrained, its actions) and writes the actor alone, as for the policy without that critic."""
+    pytest.importorskip("peft")
+    from examples.hf_vla import make_policy
+
+    env_kwargs = json.dumps({"obs_mode": "state+rgb", "image_size": 32, "action_mode": "ee_delta_pos",
+                             "privileged_state": True})  # fmt: skip
+    checkpoint = train(
+        ppo_vla, tmp_path, env_id="PushCubeLangRL", env_kwargs=env_kwargs, policy="examples.hf_vla:make_policy",
+        policy_kwargs=json.dumps({"lora_rank": 4}), action_head="bins", action_bins=16, privileged_critic=True,
+        num_envs=4, num_steps=4, num_minibatches=1, total_timesteps=16,
+    )  # fmt: skip
+    assert any(k.startswith("critic.") for k in torch.load(checkpoint, weights_only=True)["model"])
+    _, args, wrapper = trainer_policy(checkpoint)
+    obs = recorded_observations("PushCubeLangRL", env_kwargs, num_envs=3, steps=2)
+    for fmt in ("auto", "pretrained"):  # auto: the policy's save_pretrained, as for the policy alone
+        out = tmp_path / fmt
+        description = run_export(checkpoint, out, format=fmt)
+        assert description["kind"] == "save_pretrained"
+        envs = shared.make_env("PushCubeLangRL", num_envs=2, seed=0, **json.loads(env_kwargs))
+        loaded = make_policy(envs.single_observation_space, envs.single_action_space, args, model_path=str(out))
+        with torch.no_grad():
+            assert torch.allclose(wrapper.dist(obs).logits, loaded.dist(obs).logits, rtol=0, atol=1e-5)
+    capfd.readouterr()
+    description = run_export(checkpoint, tmp_path / "trace", format="trace", onnx=False)
+    names = [entry["name"] for entry in description["inputs"]]
+    assert "rgb" in names and not any(name.startswith(shared.PRIVILEGED_KEY) for name in names)
+    traced = torch.jit.load(str(tmp_path / "trace" / "actor.pt"))
+    assert not any(".critic." in name or name.startswith("agent.critic") for name in traced.state_dict())
+    assert torch.equal(
+        torchscript_actions(tmp_path / "trace", inputs_of(description, obs)), trainer_actions(checkpoint, obs)
+    )
+    if has_onnx_export():  # the policy's bins do not pass torch.export (a data-dependent check): one line, no graph
+        with pytest.raises(SystemExit) as e:
+            run_export(checkpoint, tmp_path / "onnx", format="trace")
+        assert "cannot be exported to ONNX" in one_line_exit(e) and "--no-onnx" in one_line_exit(e)
+        assert "def forward" not in capfd.readouterr().err
+
+
 # ---- bad input: one line ------------------------------------------------------------------------------------------
 def test_a_checkpoint_of_an_unknown_script_is_one_line_naming_the_supported_ones(tmp_path):
     path = tmp_path / "other.pt"

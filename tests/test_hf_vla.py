@@ -719,6 +719,36 @@ def test_dagger_labels_the_learners_states_with_the_expert_and_trains_on_the_agg
         dagger.main(dagger.Args(model_path=str(tmp_path)))
 
 
+def test_dagger_rounds_without_an_update_record_no_loss_and_the_output_is_written(tmp_path, monkeypatch):
+    """A round whose rollout uses up the budget makes no update: it records loss None (not the previous round's),
+    and the policy and dagger.json are written even when the first round is such a round."""
+    from examples.hf_vla import dagger
+
+    start = tmp_path / "bc"
+    bc.main(bc.Args(out=str(start), env_kwargs=json.dumps(ENV_KWARGS), action_bins=8, demo_episodes=2, num_envs=2,
+                    steps=1, batch_size=4, eval_episodes=2, num_eval_envs=2))  # fmt: skip
+    clock, rollouts, label_rollout = [0.0], [], dagger.label_rollout
+
+    def costly_rollout(*args, **kwargs):  # the n-th round's rollout costs what the plan says, updates nothing
+        rollouts.append(1)
+        clock[0] += plan[len(rollouts) - 1]
+        return label_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(dagger.time, "process_time", lambda: clock[0])
+    monkeypatch.setattr(dagger, "label_rollout", costly_rollout)
+    small = dict(model_path=str(start), cpu_minutes=1.0, num_envs=2, round_steps=2, updates_per_round=2,
+                 batch_size=4, eval_episodes=2, num_eval_envs=2)  # fmt: skip
+    for plan, losses, updates in (([60.0], [None], [0]), ([0.0, 60.0], ["float", None], [2, 2])):
+        rollouts.clear()
+        clock[0] = 0.0
+        out = tmp_path / f"dagger_{len(plan)}"
+        report = dagger.main(dagger.Args(out=str(out), **small))
+        saved = json.loads((out / "dagger.json").read_text())
+        assert [type(p["loss"]).__name__ if p["loss"] is not None else None for p in saved["curve"]] == losses
+        assert [p["updates"] for p in saved["curve"]] == updates  # (counted from the start)
+        assert saved["rounds"] == report["rounds"] == len(plan) and (out / "vla_config.json").is_file()
+
+
 def test_bc_statistics_are_the_demonstrations_and_their_bins_invert_the_decoding():
     """bc.py's statistics: quantiles, mean and std of the expert's actions and of the state; the bins head's
     targets are the bins whose decoded values are nearest to the (normalised, clipped) expert action."""

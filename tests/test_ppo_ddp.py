@@ -169,11 +169,15 @@ def test_two_rank_checkpoint_resumes_in_a_world_of_one(two_ranks, tmp_path, caps
     out_dir, _ = two_ranks
     half = next((out_dir / "runs").iterdir()) / "checkpoints" / "iter_000003.pt"
     out = ddp.main(ddp.Args(output_dir=str(tmp_path), resume=str(half), **dict(RUN, total_timesteps=960)))
-    assert "checkpoint of 2 rank(s) x 8 envs: envs reset freshly" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "checkpoint of 2 rank(s) x 8 envs: envs reset freshly" in printed
+    assert "learning rate follows" not in printed  # 12 iterations of 80 alone: the same schedule in env steps
     assert out["global_step"] == 960  # 480 from two ranks, then 6 iterations x 80 alone
     acc = EventAccumulator(out["run_dir"])
     acc.Reload()
     assert [e.step for e in acc.Scalars("charts/SPS")] == [480 + 80 * i for i in range(1, 7)]
+    lr = torch.load(half, weights_only=True)["args"]["learning_rate"]  # iteration 7 of 12: half of it, as planned
+    assert acc.Scalars("charts/learning_rate")[0].value == pytest.approx(lr * (1 - 6 / 12))
 
 
 def test_world_of_one_without_torchrun_is_ppo_continuous_bit_for_bit(tmp_path):

@@ -251,3 +251,27 @@ def test_reward_terms_stay_means_per_env_step_with_chunks(script, tmp_path):
     for chunk in (1, 4):
         summary = train(script, args_for(script, tmp_path / str(chunk), action_chunk=chunk))
         assert summary["train"]["rewards/time"] == pytest.approx(-1.0), chunk
+
+
+def test_a_resume_across_world_sizes_announces_the_learning_rate_it_uses(tmp_path, capsys):
+    """A checkpoint of ppo_vla_ddp on two ranks (iteration 1 of 2: as many env steps as two of ppo_vla's iterations)
+    resumed in ppo_vla for longer: ppo_vla goes on at iteration global_step // batch + 1 = 3 of 8, and the schedule
+    note names that iteration and the learning rate TensorBoard shows there."""
+    straight = train("ppo_vla", args_for("ppo_vla", tmp_path / "a", total_timesteps=4 * 32, save_freq=2))
+    ckpt = torch.load(straight["run_dir"] / "checkpoints" / "iter_000002.pt", weights_only=True)
+    assert ckpt["global_step"] == 64
+    rank = {k: ckpt[k] for k in ("env_state", "next_obs", "rng")}
+    two = ckpt | {"script": "ppo_vla_ddp", "iteration": 1, "num_iterations": 2, "world_size": 2, "other_ranks": [rank]}
+    torch.save(two, tmp_path / "two_ranks.pt")
+    capsys.readouterr()
+    resumed = train(
+        "ppo_vla", args_for("ppo_vla", tmp_path / "b", total_timesteps=8 * 32, resume=str(tmp_path / "two_ranks.pt"))
+    )
+    out = capsys.readouterr().out
+    assert "iterations=8 start=3" in out
+    note = next(line for line in out.splitlines() if "the learning rate follows" in line)
+    assert "0.00075 at iteration 3 (the old schedule had 0.0005)" in note, note
+    acc = EventAccumulator(str(resumed["run_dir"]))
+    acc.Reload()
+    first = acc.Scalars("charts/learning_rate")[0]
+    assert first.step == 96 and first.value == pytest.approx(1e-3 * (1 - 2 / 8))

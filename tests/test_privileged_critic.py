@@ -188,3 +188,40 @@ def test_the_hf_vla_policy_acts_on_observations_with_a_privileged_entry():
     changed[shared.PRIVILEGED_KEY] = changed[shared.PRIVILEGED_KEY] + 5.0
     with torch.no_grad():
         assert torch.equal(policy.dist(obs).logits, policy.dist(changed).logits)
+
+
+def test_a_ppo_vla_privileged_critic_checkpoint_evaluates_its_actor_in_ppo_vla_ddp_and_resumes_only_in_ppo_vla(
+    tmp_path,
+):
+    """ppo_vla_ddp.py has no --privileged-critic: with --eval-checkpoint it evaluates the actor of such a ppo_vla.py
+    checkpoint (the policy inside the wrapper, frozen weights included, as ppo_vla.py evaluates it); --resume is one
+    line naming the flag (the run would go on without the critic it trained). ppo_vla_async.py takes only its own
+    checkpoints (one line)."""
+    from cleanrl_embodied import ppo_vla, ppo_vla_async, ppo_vla_ddp
+
+    common = dict(
+        env_id="PushCubeLangRL", env_kwargs=json.dumps({**VLA_ENV, "privileged_state": True}), cuda=False,
+        policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": 32}), num_envs=8, num_steps=4,
+        num_minibatches=2, update_epochs=1, num_eval_envs=4, num_eval_episodes=4, eval_freq=0, save_freq=0,
+        compile="off", total_timesteps=2 * 32,
+    )  # fmt: skip
+    trained = ppo_vla.main(ppo_vla.Args(privileged_critic=True, output_dir=str(tmp_path / "run"), **common))
+    last = str(Path(trained["run_dir"]) / "checkpoints" / "last.pt")
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["frozen"] and any(k.startswith("policy.") for k in ckpt["model"])
+    assert any(k.startswith("critic.") for k in ckpt["model"])
+    reference = ppo_vla.main(
+        ppo_vla.Args(privileged_critic=True, eval_checkpoint=last, output_dir=str(tmp_path / "a"), **common)
+    )
+    evaluated = ppo_vla_ddp.main(ppo_vla_ddp.Args(eval_checkpoint=last, output_dir=str(tmp_path / "b"), **common))
+    assert evaluated["eval"] == reference["eval"] and evaluated["global_step"] == 64
+    with pytest.raises(SystemExit) as e:
+        ppo_vla_ddp.main(ppo_vla_ddp.Args(resume=last, output_dir=str(tmp_path / "c"), **common))
+    message = str(e.value.code)
+    assert message.startswith("error: --resume") and "--privileged-critic" in message and "ppo_vla.py" in message
+    assert "\n" not in message
+    for flag in ("resume", "eval_checkpoint"):
+        with pytest.raises(SystemExit) as e:
+            ppo_vla_async.main(ppo_vla_async.Args(**{flag: last}, output_dir=str(tmp_path / "d"), **common))
+        assert "not a checkpoint of ppo_vla_async.py (it is from ppo_vla.py)" in str(e.value.code)
+        assert "\n" not in str(e.value.code)

@@ -17,6 +17,7 @@ from cleanrl_embodied.shared.checkpoints import (
     note_schedule_change,
     rng_state,
     set_rng_state,
+    without_privileged_critic,
 )
 from cleanrl_embodied.shared.cli import RunArgs, check_args, fail, flag
 from cleanrl_embodied.shared.distributed import (
@@ -125,4 +126,5 @@ __all__ = [
     "unsharded",
     "unsharded_state",
     "versions",
+    "without_privileged_critic",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "observation_layout",
     "rng_state",
     "set_rng_state",
+    "without_privileged_critic",
 ]
 
 HARMLESS_ENV_KWARGS = ("randomize_interval", "info_keys", "render_mode", "max_episode_steps")
@@ -142,8 +143,8 @@ def _env_differences(env_id: str, theirs: dict, ours: dict) -> list[tuple[str, A
 def _check_env(ckpt: dict, path: str, flag_name: str, options: EnvOptions, eval_envs: bool, show: bool) -> None:
     """Refuse, in one line, a checkpoint whose env had other options that change what the policy sees or what its
     actions mean than this run's training envs (or eval envs: ``eval_envs``); name the allowed differences in a note. An
-    ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written before they recorded
-    their env (issue 28) are checked against the options in their ``args``."""
+    ``--eval-checkpoint`` may also match the checkpoint's own eval envs. Checkpoints written by older versions, which
+    did not record their env, are checked against the options in their ``args``."""
     record = ckpt.get("env") or {
         key: json.loads(ckpt["args"].get(key) or "{}") for key in ("env_kwargs", "eval_env_kwargs")
     }
@@ -321,10 +322,12 @@ def inference_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def frozen_fingerprint(module: torch.nn.Module) -> str:
+def frozen_fingerprint(module: torch.nn.Module, prefix: str = "") -> str:
     """SHA-256 of the frozen parameters' names, shapes, dtypes and bytes (in name order): what a checkpoint
-    records of the part of the model it does not hold ("" when everything trains)."""
-    frozen = sorted((k, v) for k, v in module.state_dict(keep_vars=True).items()
+    records of the part of the model it does not hold ("" when everything trains). ``prefix``: what the names
+    carried in the module that wrote the checkpoint, when ``module`` was a part of it (``"policy."``: the policy
+    inside ppo_vla.py's privileged-critic wrapper, :func:`without_privileged_critic`)."""
+    frozen = sorted((prefix + k, v) for k, v in module.state_dict(keep_vars=True).items()
                     if isinstance(v, torch.nn.Parameter) and not v.requires_grad)  # fmt: skip
     if not frozen:
         return ""
@@ -336,12 +339,36 @@ def frozen_fingerprint(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+PRIVILEGED_CRITIC_POLICY = "policy."
+"""Where ppo_vla.py's ``--privileged-critic`` wrapper keeps the policy in its checkpoints ("critic." holds its MLP)."""
+
+
+def without_privileged_critic(ckpt: dict | None, flag_name: str, path: str | None) -> dict | None:
+    """``ckpt`` for a trainer that has no ``--privileged-critic`` (ppo_vla_ddp.py) but takes ppo_vla.py's checkpoints.
+    One that ppo_vla.py wrote with that flag holds the policy's entries under "policy." and the trainer's critic MLP
+    under "critic.": ``--eval-checkpoint`` gets the policy's entries alone (an evaluation runs only the actor, which
+    is that policy; its frozen weights are compared under their names in the wrapper), ``--resume`` is refused in one
+    line (the run would go on without the critic it trained, on the policy's own value head). Any other checkpoint
+    (or None) is returned as it is."""
+    if ckpt is None or not ckpt["args"].get("privileged_critic"):
+        return ckpt
+    if flag_name == "resume":
+        fail(
+            f"--resume {path} was trained with --privileged-critic, which only ppo_vla.py has: resume it with "
+            "ppo_vla.py (--eval-checkpoint evaluates its actor here)"
+        )
+    prefix = PRIVILEGED_CRITIC_POLICY
+    model = {k.removeprefix(prefix): v for k, v in ckpt["model"].items() if k.startswith(prefix)}
+    return {**ckpt, "model": model, "frozen_prefix": prefix}
+
+
 def load_model_state(module: torch.nn.Module, ckpt: dict, flag_name: str, path: str, show: bool = True) -> None:
     """Load a checkpoint's ``"model"`` (:func:`model_state`) into ``module``, built by the same factory: the
     entries it holds must be exactly the module's trainable parameters and buffers, and its frozen parameters
     must be the ones the checkpoint was trained on (``ckpt["frozen"]``, :func:`frozen_fingerprint`; checkpoints
-    written before it was recorded hold every entry); otherwise one line naming ``flag_name`` and ``path``."""
-    if ckpt.get("frozen") is not None and ckpt["frozen"] != frozen_fingerprint(module):
+    written before it was recorded hold every entry; ``ckpt["frozen_prefix"]``: see :func:`without_privileged_critic`);
+    otherwise one line naming ``flag_name`` and ``path``."""
+    if ckpt.get("frozen") is not None and ckpt["frozen"] != frozen_fingerprint(module, ckpt.get("frozen_prefix", "")):
         fail(
             f"{flag(flag_name)} {path}: the policy's frozen weights (e.g. a pretrained backbone) are not the ones this "
             "checkpoint was trained on; build them as that run did (the same --policy-kwargs model_path, --seed)",
@@ -401,16 +428,23 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
 
 
-def note_schedule_change(ckpt: dict, num_iterations: int, learning_rate: float, say) -> None:
-    """The learning rate anneals linearly from ``learning_rate`` at iteration 1 to 0 after ``num_iterations``,
-    resumed or not. A resume with another number of iterations (another ``--total-timesteps``, e.g. to train
-    longer) thus follows the schedule of a run planned with the new total; ``say`` announces it with the
-    learning rate before and after (continuing the old schedule would leave a finished run at 0)."""
+def note_schedule_change(
+    ckpt: dict, start_iteration: int, num_iterations: int, learning_rate: float, anneal: bool, say
+) -> None:
+    """The learning rate anneals (``anneal``, --anneal-lr) linearly from ``learning_rate`` at iteration 1 to 0 after
+    ``num_iterations``, resumed or not. A resume with another number of iterations (another ``--total-timesteps``,
+    e.g. to train longer) thus follows the schedule of a run planned with the new total; ``say`` announces it with
+    the learning rate of ``start_iteration`` (the iteration the trainer goes on at: after a resume in another world
+    size, where its env steps are, not the checkpoint's iteration + 1) and the one the checkpoint's run would have
+    used next (continuing the old schedule would leave a finished run at 0). Nothing is said when the two are the
+    same (e.g. the same total in another world size)."""
     done, old_total = ckpt["iteration"], ckpt["num_iterations"]
-    if old_total != num_iterations:
-        lr = lambda total: learning_rate * max(1.0 - done / total, 0.0)  # noqa: E731 - the LR of iteration done + 1
-        say(
-            f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
-            f"the {num_iterations}-iteration schedule, {lr(num_iterations):.3g} at iteration {done + 1} "
-            f"(the old schedule had {lr(old_total):.3g})"
-        )
+    if not anneal or (start_iteration - 1) * old_total == done * num_iterations:  # (the same fraction of the plan)
+        return
+    new_lr = learning_rate * max(1.0 - (start_iteration - 1) / num_iterations, 0.0)
+    old_lr = learning_rate * max(1.0 - done / old_total, 0.0)
+    say(
+        f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
+        f"the {num_iterations}-iteration schedule, {new_lr:.3g} at iteration {start_iteration} "
+        f"(the old schedule had {old_lr:.3g})"
+    )

@@ -1,7 +1,7 @@
 """Behaviour cloning of the VLA on scripted-expert demonstrations: the warm start that RL fine-tuning raises.
 
     uv run python examples/hf_vla/bc.py --out runs/vla_bc --action-head bins --action-bins 16 --steps 2000
-    uv run python cleanrl_embodied/grpo.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy \\
+    uv run python cleanrl_embodied/grpo_vla.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy \\
         --policy-kwargs '{"model_path": "runs/vla_bc"}' --action-head bins --action-bins 16 \\
         --env-kwargs '{"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}'
 

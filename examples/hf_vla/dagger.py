@@ -19,7 +19,8 @@ the learner is trained on everything labelled so far. Here:
    ``--updates-per-round`` Adam steps of ``bc.py``'s loss on random minibatches of the whole dataset, the learning
    rate annealed linearly to 0 over the budget.
 4. ``--out``: ``save_pretrained`` (as bc.py's) and ``dagger.json`` (rounds, samples, CPU and wall minutes, the
-   final policy's success on ``--eval-episodes`` fresh episodes).
+   final policy's success on ``--eval-episodes`` fresh episodes, and per round the samples, the updates so far and
+   the last update's loss: null for a round whose rollout used up the budget).
 
 Action chunks are not supported (the expert labels one action per state the learner reaches).
 """
@@ -125,6 +126,7 @@ def main(args: Args) -> dict:
         all_obs, all_targets = torch.cat([all_obs, new_obs]), torch.cat([all_targets, new_targets])
         valid = torch.ones(all_targets.shape[:2], dtype=torch.bool)  # (a chunk of one: every label is valid)
         policy.train()
+        loss = None  # (a round whose rollout used up the budget makes no update, and records no loss)
         for _ in range(args.updates_per_round):
             spent = (time.process_time() - cpu_start) / budget_s
             if spent >= 1.0:
@@ -137,8 +139,10 @@ def main(args: Args) -> dict:
             optimizer.step()
             updates += 1
         rounds += 1
-        curve.append({"round": rounds, "samples": len(all_targets), "updates": updates, "loss": loss.item()})
-        print(f"round {rounds}: {len(all_targets)} samples, {updates} updates, loss {loss.item():.4f}, "
+        loss = None if loss is None else loss.item()
+        curve.append({"round": rounds, "samples": len(all_targets), "updates": updates, "loss": loss})
+        print(f"round {rounds}: {len(all_targets)} samples, {updates} updates, loss "
+              f"{'- (no update)' if loss is None else f'{loss:.4f}'}, "
               f"{(time.process_time() - cpu_start) / 60:.1f} of {args.cpu_minutes} CPU min")  # fmt: skip
     cpu_s, wall_s = time.process_time() - cpu_start, time.time() - wall_start
 
