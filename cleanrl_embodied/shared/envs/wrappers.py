@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -823,6 +824,36 @@ def _offers_rgb_array(env_id: str) -> bool:
         return False
 
 
+QUIET_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+"""The starts of the MuJoCo warnings make_env drops: Gymnasium's own model files (half_cheetah.xml, hopper.xml, ...)
+set ``settotalmass``, which MuJoCo 4 deprecates but still applies; nothing a user can or needs to act on."""
+
+
+def _mujoco_warning(message: str) -> None:
+    if not message.startswith(QUIET_MUJOCO_WARNINGS):
+        warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+
+def quiet_mujoco(spec: gym.envs.registration.EnvSpec) -> None:
+    """Where ``spec``'s env runs on MuJoCo (its entry point's module imports ``mujoco``): route MuJoCo's warnings
+    through Python's ``warnings`` as RuntimeWarnings, without :data:`QUIET_MUJOCO_WARNINGS`.
+
+    MuJoCo's default warning handler prints every warning to the console and appends it to ``MUJOCO_LOG.TXT`` in
+    the working directory; with a handler of the user's (``mujoco.set_mju_user_warning``) it does neither and calls
+    that instead. This installs one, once per process, before the env compiles its model (where the deprecation is
+    warned). The workers of an async vector env are forked from this process and inherit it. A handler someone
+    else installed is left alone."""
+    for entry in (spec.entry_point, spec.vector_entry_point):
+        if isinstance(entry, str):
+            try:
+                load_env_creator(entry)  # imports the env's module, and mujoco with it for a MuJoCo env
+            except Exception:  # a missing dependency is reported by make_vec itself, with its own message
+                pass
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is not None and mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def _vector_only_env(env_id: str, num_envs: int, device, seed, flatten_obs, info_keys, env_kwargs: dict) -> VectorEnv:
     """An id registered with a ``vector_entry_point`` only (multi-task suites register this way: ``gym.make_vec``
     works, ``gym.make`` does not): its own vector env, asked for SAME_STEP autoreset where its creator takes an
@@ -862,6 +893,7 @@ def make_gymnasium_env(
     stepped in this process (``"sync"``) or one worker process each (``"async"``), ``render_mode="rgb_array"``
     where the env has it) -> :func:`numpy_vector_to_torch`."""
     spec = gym.spec(env_id)
+    quiet_mujoco(spec)  # no MuJoCo deprecation warnings from Gymnasium's model files, no MUJOCO_LOG.TXT
     if spec.entry_point is None and spec.vector_entry_point is not None:  # a suite that registers only its vector env
         return _vector_only_env(env_id, num_envs, device, seed, flatten_obs, info_keys, env_kwargs)
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
