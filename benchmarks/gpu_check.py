@@ -14,8 +14,10 @@ that runs past its budget is killed and keeps the items it finished:
    counting the host syncs in the rollout loop (below); ppo_ddp and ppo_vla_ddp (also `--fsdp`) on one rank over
    NCCL under torchrun. The VLA family runs the tiny examples/hf_vla policy with bins, chunks and bf16 autocast.
 3. env: PushCubeRL env-steps/s at 4096, 16384 and 65536 envs (speed.py's `env_throughput`).
-4. ppo: ppo_continuous on PushCubeRL at 4096 envs: steady SPS eager, `--compile on`, `--compile on --cudagraphs`;
-   and a run with an evaluation every 2 iterations for the env steps and the time to eval success >= 0.9 (capped).
+4. ppo: ppo_continuous on PushCubeRL at 4096 envs: steady SPS eager, `--cudagraphs` (eager), `--compile on`,
+   `--compile on --cudagraphs`, the same sizes each; whether what `--compile auto` picks on this device for a long
+   run (shared.compile_choice), without and with `--cudagraphs`, is the faster of the two it picks between; and a
+   run with an evaluation every 2 iterations for the env steps and the time to eval success >= 0.9 (capped).
 5. vla: a VLA at PaliGemma-3B's widths (Gemma 2B: hidden 2048, MLP 16384, 8 heads of 256, one KV head,
    vocabulary 257216; SigLIP so400m: hidden 1152, MLP 4304, 16 heads, 14-pixel patches of 224x224 images) with 2
    layers each (`--vla-layers`), random bf16 weights, LoRA (rank 16, every linear layer), bf16 autocast: peak GPU
@@ -616,6 +618,34 @@ def part_env(w: Worker) -> None:
 
 
 # ---- 4. ppo_continuous at 4096 envs: eager, compiled, CUDA graphs; time to 0.9 ----------------------------------
+AUTO_TOLERANCE = 0.97
+"""`--compile auto`'s pick passes when its steady SPS is at least this share of the other's (run-to-run noise)."""
+AUTO_PAIRS = {False: ("eager", "compile"), True: ("cudagraphs", "compile + cudagraphs")}
+"""--cudagraphs off / on -> the ppo part's variants `--compile auto` chooses between (eager, compiled)."""
+
+
+def auto_choice(device_type: str, steady: dict[str, float | None]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """What `--compile auto` picks on `device_type` for a run long enough to compile (shared.compile_choice with
+    COMPILE_PAYS_AFTER planned updates), without and with --cudagraphs, against the steady SPS measured for each
+    variant (`steady`: label -> SPS, None where not run): the metrics (each pick, and the faster variant where both
+    were measured) and the checks (the pick's SPS at least AUTO_TOLERANCE times the other's)."""
+    from cleanrl_embodied import ppo_continuous, shared
+
+    long_run = ppo_continuous.COMPILE_PAYS_AFTER
+    metrics: dict[str, Any] = {}
+    checks: dict[str, bool] = {}
+    for graphs, (eager, compiled) in AUTO_PAIRS.items():
+        key = "with cudagraphs" if graphs else "without cudagraphs"
+        pick = compiled if shared.compile_choice("auto", device_type, long_run, long_run, graphs) else eager
+        other = eager if pick == compiled else compiled
+        metrics[f"picks ({key})"] = pick
+        mine, theirs = steady.get(pick), steady.get(other)
+        if mine is not None and theirs is not None:
+            metrics[f"faster ({key})"] = pick if mine >= theirs else other
+            checks[f"picks the faster ({key})"] = mine >= AUTO_TOLERANCE * theirs
+    return metrics, checks
+
+
 def part_ppo(w: Worker) -> None:
     import benchlib
     import speed
@@ -623,8 +653,10 @@ def part_ppo(w: Worker) -> None:
     plan = ppo_plan(w.dry)
     flags = dict(plan["flags"], env_id="PushCubeRL", cuda=w.cuda, seed=1, save_freq=0, eval_freq=0)
     per_iteration = flags["num_envs"] * flags["num_steps"]
-    variants = [("eager", dict(compile="off")), ("compile", dict(compile="on")),
+    variants = [("eager", dict(compile="off")), ("cudagraphs", dict(compile="off", cudagraphs=True)),
+                ("compile", dict(compile="on")),
                 ("compile + cudagraphs", dict(compile="on", cudagraphs=True))]  # fmt: skip
+    steady: dict[str, float | None] = {}  # label -> steady SPS, for --compile auto's choice
 
     def sps_run(label: str, extra: dict[str, Any]) -> None:
         """Steady SPS (median over the iterations after `skip`) and end-to-end SPS of one setting."""
@@ -634,7 +666,7 @@ def part_ppo(w: Worker) -> None:
                           output_dir=str(w.out / "runs" / "ppo" / label.replace(" ", "")))  # fmt: skip
             it["command"] = shown_command("ppo_continuous", to_flags(kwargs))
             module, args = parse("ppo_continuous", to_flags(kwargs))  # the flags exist, also where not run
-            if w.dry and extra.get("compile") == "on":
+            if w.dry and (extra.get("compile") == "on" or extra.get("cudagraphs")):
                 it["skip"] = "dry run: compiling costs ~10 s on a CPU and --cudagraphs needs CUDA (flags parsed only)"
                 return
             import torch._dynamo
@@ -651,8 +683,17 @@ def part_ppo(w: Worker) -> None:
             }  # fmt: skip
             if extra.get("compile") == "on":
                 it["checks"]["compiled"] = not fell_back
+            steady[label] = None if fell_back else it["metrics"]["steady_sps"]
 
         w.item(label, body)
+
+    def auto(it: dict[str, Any]) -> None:
+        it["metrics"], it["checks"] = auto_choice("cuda" if w.cuda else "cpu", steady)
+        notes = [f"{k}: {v} ({_fmt(steady.get(v))})" for k, v in it["metrics"].items() if k.startswith("picks")]
+        if not it["checks"]:
+            it["skip"] = "no pair of figures to compare (" + "; ".join(notes) + ")"
+        else:
+            it["note"] = "; ".join(notes)
 
     def to_success(it: dict[str, Any]) -> None:
         root = w.out / "runs" / "ppo" / "to_0.9"
@@ -695,9 +736,11 @@ def part_ppo(w: Worker) -> None:
 
     # eager first, then the time to 0.9 (eager): the figures that need no compiler come before those that do
     sps_run(*variants[0])
+    sps_run(*variants[1])
     w.item("time to eval success 0.9 (eager)", to_success)
-    for label, extra in variants[1:]:
+    for label, extra in variants[2:]:
         sps_run(label, extra)
+    w.item("--compile auto's choice", auto)
 
 
 # ---- 5. a VLA at real width --------------------------------------------------------------------------------------

@@ -412,7 +412,7 @@ def main(args: Args) -> dict:
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compile_on = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
     compiled = shared.compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
     policy = compiled(policy_step)
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)

@@ -457,7 +457,7 @@ def main(args: Args) -> dict:
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
     per_token = args.loss_agg == "token"
     policy = compiled(partial(policy_step, actor, temperature=args.temperature, per_token=per_token))

@@ -99,7 +99,7 @@ class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run directory, env optio
     clip_reward: float = 10.0
     """clip scaled rewards to [-clip, clip]"""
     cudagraphs: bool = False
-    """capture the policy step in a CUDA graph (CUDA only)"""
+    """capture the policy step in a CUDA graph (CUDA only); with it --compile auto compiles on CUDA too"""
 
 
 def validate(args: Args) -> None:
@@ -368,7 +368,7 @@ def main(args: Args) -> dict:
     agent_inference = make_agent(eval_envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compile_on = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    compile_on = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER, args.cudagraphs)
     compiled = shared.compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)

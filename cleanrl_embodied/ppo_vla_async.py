@@ -516,7 +516,7 @@ def main(args: Args) -> dict:
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays, device, logger.write)  # torch.compile (learner side), or eager (the identity)
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     amp = shared.autocast(args.autocast, device)

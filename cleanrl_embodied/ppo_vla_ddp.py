@@ -414,7 +414,7 @@ def train(
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
     updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = args.compile == "on" or (args.compile == "auto" and updates >= COMPILE_PAYS_AFTER)
+    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
     compiled = shared.compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
     policy, value_fn = (
         compiled(

@@ -248,3 +248,62 @@ if NEXT_STEP_ID not in gym.registry:  # one whose creator cannot be asked for SA
     gym.register(
         NEXT_STEP_ID, vector_entry_point=lambda num_envs=1: MultiTaskReachVec(num_envs, 20, AutoresetMode.NEXT_STEP)
     )
+
+
+SUITE_TASKS = ("always", "never")
+"""The tasks of :func:`multi_task_suite`: PointReach towards (0.5, 0.5) within 20 steps, where ``always`` counts any
+step as a success (radius 10: its episodes succeed at their first step) and ``never`` none (radius 0)."""
+SUITE_ID = "MultiTaskSuite-v0"
+SUITE_NAMES_BY = ("task_name", "task", "spec", "info")
+
+
+class TaskInfo(gym.Wrapper):
+    """A sub-env that reports its task the way PushCubeLangRL does: ``info["task_id"]`` at every reset and step,
+    ``metadata["task_names"]`` naming the tasks."""
+
+    def __init__(self, env: gym.Env, task_id: int):
+        super().__init__(env)
+        self.task_id = task_id
+        self.metadata = {**env.metadata, "task_names": SUITE_TASKS}
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, {**info, "task_id": self.task_id}
+
+    def step(self, action):
+        *out, info = self.env.step(action)
+        return *out, {**info, "task_id": self.task_id}
+
+
+def _suite_sub_env(task_id: int, names_by: str) -> gym.Env:
+    name = SUITE_TASKS[task_id]
+    if names_by == "spec":  # an id of its own per task: the sub-envs' specs tell them apart
+        return gym.make(f"SuiteTask{name.capitalize()}-v0")
+    env = gym.make("PointReach-v0", max_episode_steps=20, **SUITE_KWARGS[name])  # the same spec for every task
+    if names_by == "info":
+        return TaskInfo(env, task_id)
+    setattr(env.unwrapped, names_by, name)  # Meta-World's sub-envs have a task_name, LeRobot's LIBERO ones a task
+    return env
+
+
+def multi_task_suite(num_envs: int = 2, names_by: str = "task_name", vector_strategy: str = "sync",
+                     autoreset_mode=AutoresetMode.SAME_STEP) -> gym.vector.VectorEnv:  # fmt: skip
+    """A multi-task suite's vector env built as Meta-World's MT ids and LeRobot's LIBERO envs build theirs: a
+    Gymnasium ``SyncVectorEnv`` (``vector_strategy="async"``: ``AsyncVectorEnv``) whose sub-env i runs task
+    ``SUITE_TASKS[i % 2]`` and says so only by ``names_by``: a ``task_name`` attribute (Meta-World's), a ``task``
+    attribute (LeRobot's LIBERO envs'), its spec (an id per task), or ``info["task_id"]`` with
+    ``metadata["task_names"]`` (``info``). The observation does not show the task."""
+    if names_by not in SUITE_NAMES_BY:
+        raise ValueError(f"names_by must be one of {SUITE_NAMES_BY}, got {names_by!r}")
+    vector = gym.vector.AsyncVectorEnv if vector_strategy == "async" else gym.vector.SyncVectorEnv
+    fns = [lambda i=i: _suite_sub_env(i % len(SUITE_TASKS), names_by) for i in range(num_envs)]
+    return vector(fns, autoreset_mode=autoreset_mode)
+
+
+SUITE_KWARGS = {name: {"fixed_target": [0.5, 0.5], "success_radius": r} for name, r in zip(SUITE_TASKS, (10.0, 0.0))}
+for _name in SUITE_TASKS:
+    if f"SuiteTask{_name.capitalize()}-v0" not in gym.registry:
+        gym.register(f"SuiteTask{_name.capitalize()}-v0", entry_point=PointReach, max_episode_steps=20,
+                     kwargs=SUITE_KWARGS[_name])  # fmt: skip
+if SUITE_ID not in gym.registry:  # a vector entry point only, as Meta-World registers its MT ids
+    gym.register(SUITE_ID, vector_entry_point=multi_task_suite)

@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDict
 from toy_policies import ToyVLA
 
-from cleanrl_embodied import grpo, grpo_vla, ppo_continuous, ppo_ddp, ppo_vla_async
-from cleanrl_embodied.shared.runtime import compiler
+from cleanrl_embodied import grpo, grpo_vla, ppo_continuous, ppo_ddp, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
+from cleanrl_embodied.shared.runtime import compile_choice, compiler
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async}
@@ -119,6 +119,50 @@ def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name,
         )
     )  # fmt: skip
     assert asked == [enabled]
+
+
+def test_auto_compiles_on_the_cpu_when_it_pays_and_on_cuda_only_with_cuda_graphs():
+    """What was measured decides per device. CPU: compiled updates were 1.1-1.4x faster (docs/benchmarks.md), so a
+    long enough run compiles. CUDA (H200, ppo_continuous, 4096 envs, steady env steps/s): eager 221,697, compiled
+    187,905, compiled with CUDA graphs 277,303; so only a run with CUDA graphs compiles. Other devices: eager."""
+    assert compile_choice("on", "cuda", updates=1, pays_after=10_000)
+    assert compile_choice("on", "cpu", updates=1, pays_after=10_000)
+    assert not compile_choice("off", "cpu", updates=10**9, pays_after=1)
+    assert not compile_choice("off", "cuda", updates=10**9, pays_after=1, cudagraphs=True)
+    assert compile_choice("auto", "cpu", updates=10_000, pays_after=10_000)
+    assert not compile_choice("auto", "cpu", updates=9_999, pays_after=10_000)
+    assert not compile_choice("auto", "cuda", updates=10**9, pays_after=10_000)  # never the slower path
+    assert compile_choice("auto", "cuda", updates=10_000, pays_after=10_000, cudagraphs=True)
+    assert not compile_choice("auto", "cuda", updates=9_999, pays_after=10_000, cudagraphs=True)
+    assert not compile_choice("auto", "mps", updates=10**9, pays_after=10_000)
+
+
+TRAINERS = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla, "ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINERS))
+def test_every_trainer_asks_the_shared_decision_with_its_device_and_planned_updates(tmp_path, monkeypatch, name):
+    """One decision for every trainer with --compile: shared.compile_choice, given the setting, the device's type,
+    the planned minibatch updates (3 iterations x 2 epochs x 2 minibatches; GRPO's epochs x minibatches likewise)
+    and the trainer's COMPILE_PAYS_AFTER (and --cudagraphs where the trainer has it)."""
+    module, asked = TRAINERS[name], []
+    real = shared.compile_choice
+    monkeypatch.setattr(module.shared, "compile_choice", lambda *a, **kw: asked.append((a, kw)) or real(*a, **kw))
+    vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module in (grpo_vla, grpo) else {})}
+    classic = "hidden_sizes" in module.Args.__dataclass_fields__
+    extra = {"hidden_sizes": (8,), **({"group_size": 2} if module is grpo else {})} if classic else vla
+    module.main(
+        module.Args(
+            num_envs=4, num_steps=4, num_minibatches=2, update_epochs=2, total_timesteps=3 * 16, eval_freq=0,
+            save_freq=0, num_eval_envs=2, num_eval_episodes=2, cuda=False, compile="auto", output_dir=str(tmp_path),
+            **extra,
+        )
+    )  # fmt: skip
+    assert len(asked) == 1
+    (setting, device_type, updates, pays_after, *cudagraphs), kwargs = asked[0]
+    assert (setting, device_type, pays_after) == ("auto", "cpu", module.COMPILE_PAYS_AFTER) and updates > 0
+    has_graphs = "cudagraphs" in module.Args.__dataclass_fields__  # (--cudagraphs: the classic PPO trainers)
+    assert cudagraphs + list(kwargs.values()) == ([False] if has_graphs else [])
 
 
 def test_where_compiling_does_not_work_the_run_says_so_and_trains_eager(tmp_path):

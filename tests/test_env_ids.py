@@ -268,6 +268,70 @@ def test_an_id_with_only_a_vector_entry_point_trains_and_logs_success_per_task(t
     assert {f"success_rate/{task}" for task in TASK_NAMES} <= set(summary["eval"])
 
 
+def first_episodes(env, num_envs: int) -> dict:
+    """The info of the first step at which every sub-env's first episode has ended (at once here: the suite's
+    episodes all last one step or all 20)."""
+    for _ in range(25):
+        _, _, _, _, info = env.step(torch.zeros(num_envs, 2))
+        if info["_episode"].all():
+            return info
+    raise AssertionError("no episode ended")
+
+
+@pytest.mark.parametrize("names_by", ["task_name", "task", "spec", "info"])
+def test_a_suites_vector_env_tells_its_sub_envs_tasks_apart_by_attribute_spec_or_info(names_by):
+    """Meta-World's MT ids and LeRobot's LIBERO envs build a Gymnasium vector env with a task per sub-env and name
+    it only on the sub-env (``task_name``, ``task``) or by its spec; others report ``info["task_id"]``. make_env
+    names the tasks in ``metadata["task_names"]`` and gives each step's and each episode's task, whichever way."""
+    from tests.envs_for_tests import SUITE_ID, SUITE_TASKS
+
+    env = make_env(f"tests.envs_for_tests:{SUITE_ID}", num_envs=4, seed=0, names_by=names_by)
+    names = tuple(f"SuiteTask{task.capitalize()}-v0" for task in SUITE_TASKS) if names_by == "spec" else SUITE_TASKS
+    assert tuple(env.metadata["task_names"]) == names
+    _, info = env.reset(seed=0)
+    assert info["task_id"].tolist() == [0, 1, 0, 1]
+    ended = first_episodes(env, 4)  # "always" ends at its first step, "never" after 20
+    assert ended["episode"]["task_id"].tolist() == [0, 1, 0, 1] and ended["task_id"].tolist() == [0, 1, 0, 1]
+    assert ended["episode"]["success"].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_the_tasks_of_an_async_suite_are_read_from_its_workers():
+    from tests.envs_for_tests import SUITE_ID, SUITE_TASKS
+
+    env = make_env(f"tests.envs_for_tests:{SUITE_ID}", num_envs=2, seed=0, vector_strategy="async")
+    try:
+        assert tuple(env.metadata["task_names"]) == SUITE_TASKS
+        env.reset(seed=0)
+        assert env.step(torch.zeros(2, 2))[-1]["task_id"].tolist() == [0, 1]
+    finally:
+        env.close()
+
+
+def test_one_task_in_every_sub_env_logs_only_the_pooled_success():
+    env = make_env(TEST_ENV, num_envs=2, seed=0)  # PointReach: no task names, the same spec in every sub-env
+    assert "task_names" not in env.metadata
+    env.reset(seed=0)
+    assert "task_id" not in env.step(torch.zeros(2, 2))[-1]
+
+
+def test_training_evaluation_and_summary_log_success_per_task_of_a_suite(tmp_path):
+    """ppo_continuous on a suite whose sub-envs have a task_name (Meta-World's way): charts/success_rate/<task> in
+    training, success_rate/<task> in evaluation and summary.json, each the rate of its own task's episodes."""
+    from tests.envs_for_tests import SUITE_ID
+
+    args = ppo.Args(
+        env_id=f"tests.envs_for_tests:{SUITE_ID}", num_envs=4, num_steps=25, num_minibatches=2, update_epochs=1,
+        total_timesteps=4 * 25 * 2, eval_freq=1, save_freq=0, num_eval_envs=2, num_eval_episodes=4, cuda=False,
+        output_dir=str(tmp_path), hidden_sizes=(16,), compile="off",
+    )  # fmt: skip
+    summary = json.loads((Path(ppo.main(args)["run_dir"]) / "summary.json").read_text())
+    train, evaluation = summary["train"], summary["eval"]
+    assert train["charts/success_rate/always"] == 1.0 and train["charts/success_rate/never"] == 0.0
+    assert 0.0 < train["charts/success_rate"] < 1.0  # the pooled rate mixes them
+    assert evaluation["success_rate/always"] == 1.0 and evaluation["success_rate/never"] == 0.0
+    assert evaluation["success_rate"] == 0.5
+
+
 def test_a_vector_only_id_that_cannot_reset_same_step_is_one_line():
     from tests.envs_for_tests import NEXT_STEP_ID
 

@@ -48,6 +48,8 @@ def test_the_dry_run_writes_a_report_and_every_part_passes(tmp_path):
         assert item["checks"] == {"runs": True, "rollout_loop_found": True, "resumes": True}, item["name"]
     ppo = {item["name"]: item for item in saved["parts"]["ppo"]["items"]}
     assert ppo["eager"]["metrics"]["steady_sps"] > 0 and ppo["compile + cudagraphs"]["status"] == "skipped"
+    assert ppo["cudagraphs"]["status"] == "skipped" and ppo["compile"]["status"] == "skipped"
+    assert ppo["--compile auto's choice"]["status"] == "skipped"  # (no compiled figure to compare on the CPU)
     assert [e[0] for e in ppo["time to eval success 0.9 (eager)"]["metrics"]["evals"]] == [64, 128]
     for item in saved["parts"]["vla"]["items"]:
         assert item["metrics"]["micro_batch_size"] == item["metrics"]["minibatch_size"]
@@ -138,6 +140,28 @@ def test_the_micro_batch_search_halves_until_one_fits():
 
     with pytest.raises(ValueError):  # only running out of memory moves on to a smaller size
         gpu_check.first_that_fits([64, 32], broken, is_oom)
+
+
+H200 = {"eager": 221_697, "compile": 187_905, "compile + cudagraphs": 277_303}
+"""Steady env steps/s of ppo_continuous at 4096 envs on an H200 (docs/results/gpu-h200-2026-11-26): the figures
+`--compile auto`'s rule on CUDA comes from (eager with CUDA graphs was not measured then)."""
+
+
+def test_the_ppo_part_checks_that_compile_auto_picks_the_faster_variant():
+    """On the H200's figures, auto's CUDA pick without CUDA graphs (eager) is the faster, and with them (compiled)
+    the only one measured; a device where compiling without CUDA graphs were faster would fail the check, as would
+    eager CUDA graphs beating the compiled ones. The CPU's pick is the compiled update."""
+    metrics, checks = gpu_check.auto_choice("cuda", H200)
+    assert metrics["picks (without cudagraphs)"] == "eager" and metrics["faster (without cudagraphs)"] == "eager"
+    assert metrics["picks (with cudagraphs)"] == "compile + cudagraphs"
+    assert checks == {"picks the faster (without cudagraphs)": True}  # eager CUDA graphs: not measured
+    _, checks = gpu_check.auto_choice("cuda", {**H200, "compile": 250_000, "cudagraphs": 290_000})
+    assert checks == {"picks the faster (without cudagraphs)": False, "picks the faster (with cudagraphs)": False}
+    _, checks = gpu_check.auto_choice("cuda", {**H200, "compile": 226_000, "cudagraphs": 280_000})  # within 3%
+    assert checks == {"picks the faster (without cudagraphs)": True, "picks the faster (with cudagraphs)": True}
+    metrics, checks = gpu_check.auto_choice("cpu", {"eager": 100.0, "compile": 120.0})
+    assert metrics["picks (without cudagraphs)"] == "compile"
+    assert checks == {"picks the faster (without cudagraphs)": True}
 
 
 def test_a_gpu_report_and_its_section_of_the_benchmarks_page(tmp_path):

@@ -164,6 +164,33 @@ def test_paligemma_openpi_convention_counts_down_through_the_loc_block(paligemma
     reads_rows(policy, env, ids)
 
 
+def openpi_binning(tokens: np.ndarray, x: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """openpi's BinningTokenizer (src/openpi/models/tokenizer.py), as its source states it: action token t (counted
+    from the top, after the 128 <seg>) decodes to t / n_bins * 2 - 1 (extract_actions); a value in [-1, 1] is
+    discretised as its state is, np.digitize(x, np.linspace(-1, 1, n_bins + 1)[:-1]) - 1."""
+    return tokens / n_bins * 2 - 1, np.digitize(x, bins=np.linspace(-1, 1, n_bins + 1)[:-1]) - 1
+
+
+@pytest.mark.parametrize("bins", [16, 256])
+def test_openpi_bins_decode_and_encode_as_openpis_binning_tokenizer(paligemma_dir, bins):
+    """openpi's bins are N equal cells over [-1, 1] decoded at their lower ends (t / N * 2 - 1, not the centre,
+    which is 1/N higher), and a value falls in the cell that holds it, its lower end included: golden values from
+    openpi's formulas, on the real layout, through the policy's decoding and binning."""
+    policy, env = load(paligemma_dir, bins, action_tokens="openpi")
+    token_map, t = policy.token_map, np.arange(bins)
+    expected, _ = openpi_binning(t, np.zeros(1), bins)
+    assert token_map.values == tuple(expected.tolist())  # exactly: -1, -1 + 2/N, ..., 1 - 2/N
+    assert token_map.values[0] == -1.0 and token_map.values[bins // 2] == 0.0
+    x = np.concatenate([np.linspace(-1, 1, 4001), expected, [1.0]])
+    _, reference = openpi_binning(t, x, bins)
+    index = torch.bucketize(torch.tensor(x), torch.tensor(token_map.edges, dtype=torch.float64), right=True)
+    assert torch.equal(index, torch.from_numpy(reference))
+    # the policy over the env's bounds [-1, 1]: bin t -> t / N * 2 - 1, and each value back to its own bin
+    every_bin = policy.env_action(torch.arange(float(bins)).view(bins, 1).expand(bins, 3))
+    torch.testing.assert_close(every_bin[:, 0], torch.tensor(expected, dtype=torch.float32), rtol=0, atol=1e-7)
+    assert torch.equal(policy.action_bins(every_bin), torch.arange(float(bins)).view(bins, 1).expand(bins, 3))
+
+
 def test_a_map_onto_padding_rows_or_special_tokens_is_refused(paligemma_dir):
     """The old mapping, the LM head's last N rows, reads 16 padding rows on PaliGemma: refused, as is a map onto a
     special token or past the head."""

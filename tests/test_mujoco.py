@@ -28,7 +28,7 @@ pytestmark = [needs_mujoco, pytest.mark.filterwarnings("ignore::DeprecationWarni
 
 @pytest.fixture(autouse=True)
 def _in_tmp_dir(tmp_path, monkeypatch):
-    """MuJoCo writes its warnings (gymnasium's XMLs use the deprecated 'settotalmass') to ./MUJOCO_LOG.TXT."""
+    """Plain Gymnasium envs made before make_env installs its MuJoCo warning handler write ./MUJOCO_LOG.TXT."""
     monkeypatch.chdir(tmp_path)
 
 
@@ -305,3 +305,43 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
     ckpt = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["iteration"] == 2
     assert any(not torch.equal(ckpt["model"][k], ckpt["ref_model"][k]) for k in ckpt["model"])  # it trained
+
+
+QUIET_CHECK = """
+import warnings
+import mujoco
+import torch
+from cleanrl_embodied.shared import make_env
+
+for vectorization in ("sync", "async"):
+    env = make_env("{env_id}", num_envs=2, seed=0, vectorization=vectorization)
+    env.reset(seed=0)
+    env.step(torch.zeros(2, env.single_action_space.shape[0]))
+    env.close()
+xml = "<mujoco><worldbody><body><freejoint/><geom size='1'/></body></worldbody></mujoco>"
+model = mujoco.MjModel.from_xml_string(xml)
+data = mujoco.MjData(model)
+data.qpos[0] = float("nan")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mujoco.mj_checkPos(model, data)  # any other MuJoCo warning still reaches the user, as a Python warning
+print("passed on:", [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+"""
+
+
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5"])
+def test_a_mujoco_task_leaves_the_console_clean_and_the_working_directory_untouched(tmp_path, env_id):
+    """Gymnasium's model files set the deprecated compiler attribute 'settotalmass': MuJoCo's default handler prints
+    a warning for each sub-env (sync and async) and writes MUJOCO_LOG.TXT into the working directory. make_env drops
+    that one warning and passes any other on as a Python RuntimeWarning, with no file."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    result = subprocess.run(
+        [sys.executable, "-c", QUIET_CHECK.format(env_id=env_id)], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "settotalmass" not in result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "passed on: ['MuJoCo: " in result.stdout and "QPOS" in result.stdout, result.stdout

@@ -23,6 +23,7 @@ __all__ = [
     "NonFiniteWatch",
     "StopFlag",
     "autocast",
+    "compile_choice",
     "compiler",
     "pick_device",
     "seed_everything",
@@ -92,9 +93,29 @@ def _quiet_compile_warnings() -> None:
         logging.getLogger(name).addFilter(_DropMessages(start))
 
 
+def compile_choice(setting: str, device_type: str, updates: int, pays_after: int, cudagraphs: bool = False) -> bool:
+    """Whether a run compiles its update and policy step: ``--compile`` (``setting``) ``on`` always, ``off`` never,
+    and ``auto`` where it was measured to be faster on this kind of device (``device_type``), for a run that plans
+    at least ``pays_after`` minibatch updates (``updates``; compiling costs about 10 s once per process):
+
+    - ``cpu``: compiles. The compiled update was 1.1-1.4x faster in steady state on a 2-core CPU
+      (docs/benchmarks.md, "Speed, CPU" and "The update, compiled").
+    - ``cuda``: compiles only with CUDA graphs (``cudagraphs``: the trainer's ``--cudagraphs``), else eager. On an
+      H200, ppo_continuous at 4096 envs ran 221,697 env steps/s eager, 187,905 compiled without CUDA graphs (the
+      step is launch-bound there, and compiling alone does not remove the launches) and 277,303 compiled with them
+      (docs/results/gpu-h200-2026-11-26). benchmarks/gpu_check.py's ppo part measures these again on every lent GPU
+      and checks that this choice is the faster one.
+    - any other device: eager (nothing measured)."""
+    if setting != "auto":
+        return setting == "on"
+    if updates < pays_after:
+        return False
+    return device_type == "cpu" or (device_type == "cuda" and cudagraphs)
+
+
 def compiler(enabled: bool, device: torch.device, say: Callable[[str], None]) -> Callable:
     """A function that wraps the update's pure functions: ``torch.compile`` when ``enabled`` (the trainer decides
-    from ``--compile`` and the run's size), else, or where compiling does not work on this machine (``say`` tells
+    with :func:`compile_choice`), else, or where compiling does not work on this machine (``say`` tells
     why, once), the identity: the same functions run eager."""
     if not enabled:
         return lambda fn: fn

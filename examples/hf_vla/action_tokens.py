@@ -19,7 +19,9 @@ Conventions (``build_action_token_map``):
 - ``"openpi"``: openpi's (pi0-FAST, and its RT-2/OpenVLA-style binning baseline) on the PaliGemma tokenizer: token t
   is ``sp.vocab_size() - 1 - 128 - t`` with the 257,152-piece PaliGemma SentencePiece model, i.e. bin k is id
   ``id(<seg000>) - 1 - k`` = 257,023 - k: it counts down from ``<loc1023>`` through the ``<loc>`` block, skipping
-  only the ``<seg>`` block, ``<image>`` and padding. N equal cells, decoded at their centres.
+  only the ``<seg>`` block, ``<image>`` and padding. N equal cells, bin t decoded at its lower end ``t / N * 2 - 1``
+  (``BinningTokenizer.extract_actions``), and a value falls in the cell that holds it, the lower end included (how
+  openpi discretises its state: ``np.digitize(x, np.linspace(-1, 1, N + 1)[:-1]) - 1``).
 - ``"smolvlm"``: the top of SmolLM2's 49,152-token text vocabulary, counting down from the id below ``<global-img>``
   (the first of the 128 tokens SmolVLM appends): bin k is id ``id(<global-img>) - 1 - k`` (49,151 - k in SmolVLM and
   SmolVLM2, whose tokenizer and LM head have 49,280). It skips, above the bins, ``<global-img>``, the 36
@@ -51,6 +53,13 @@ def uniform_cells(num_bins: int) -> tuple[list[float], list[float]]:
     values = [-1.0 + (2 * k + 1) / num_bins for k in range(num_bins)]
     edges = [-1.0 + 2 * k / num_bins for k in range(1, num_bins)]
     return values, edges
+
+
+def openpi_cells(num_bins: int) -> tuple[list[float], list[float]]:
+    """openpi's: N equal cells over [-1, 1], bin t decoded at its lower end t / N * 2 - 1 (computed so, to match the
+    reference bit for bit); the N - 1 inner edges are the same numbers, so each value is counted in its own bin."""
+    values = [t / num_bins * 2 - 1 for t in range(num_bins)]
+    return values, values[1:]
 
 
 def openvla_cells(num_bins: int) -> tuple[list[float], list[float]]:
@@ -195,6 +204,8 @@ def build_action_token_map(convention: str, tokenizer, lm_rows: int, num_bins: i
                 f"action_tokens ({', '.join(CONVENTIONS)})"
             )
         ids = [first - 1 - k for k in range(num_bins)]
+        if convention == "openpi":
+            values, edges = openpi_cells(num_bins)
     elif convention == "smolvlm":
         first = token_id("<global-img>")
         if first is None:

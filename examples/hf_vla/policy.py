@@ -73,7 +73,7 @@ from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, is_instruction_space
 from cleanrl_embodied.shared.tensordict_helpers import PRIVILEGED_KEY, is_image
 from examples.hf_vla.action_tokens import CONVENTIONS, ActionTokenMap, build_action_token_map
-from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics
+from examples.hf_vla.statistics import STATS_FILE, DatasetStatistics, Normalizer
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 
 __all__ = [
@@ -487,16 +487,17 @@ class HFVLAPolicy(nn.Module):
         config = self.config
         statistics.check(config.action_dim, config.state_dim, "dataset statistics")
         self.statistics = statistics
-        offset, scale = statistics.action.offset_scale()
         device = self.value_head[0].weight.device
-        for name, value in (("action_offset", offset), ("action_scale", scale)):
-            self.register_buffer(name, value.expand(self.action_shape).clone().to(device), persistent=False)
+        for name, value in statistics.action.tensors().items():  # offset, scale (0: no spread), tie, zero
+            self.register_buffer(f"action_{name}", value.expand(self.action_shape).clone().to(device), persistent=False)
         self._state_identity = config.state_dim == 0 or statistics.state.normalization == "none"
         if config.state_dim:
-            offset, scale = statistics.state.offset_scale()
-            self.register_buffer("state_offset", offset.to(device), persistent=False)
-            self.register_buffer("state_scale", scale.to(device), persistent=False)
+            for name, value in statistics.state.tensors().items():
+                self.register_buffer(f"state_{name}", value.to(device), persistent=False)
         self._state_clip = config.state_dim > 0 and statistics.state.clips
+
+    def _norm(self, part: str) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, f"{part}_{k}") for k in ("offset", "scale", "tie", "zero")}
 
     @property
     def backbone(self) -> nn.Module:
@@ -611,8 +612,7 @@ class HFVLAPolicy(nn.Module):
         state = state.float()
         if self._state_identity:
             return state
-        state = (state - self.state_offset) / self.state_scale
-        return state.clamp(-1.0, 1.0) if self._state_clip else state
+        return Normalizer.normalise(state, self._norm("state"), self._state_clip)
 
     def _dist(self, slots: torch.Tensor, head: ActionHead) -> torch.distributions.Distribution:
         batch = slots.shape[0]
@@ -628,9 +628,11 @@ class HFVLAPolicy(nn.Module):
         mean = head.mean(slots.float()).squeeze(-1).float()  # (float32 also under bf16 autocast)
         std = head.log_std.exp().expand_as(mean)
         shape = (batch, *self.action_shape)
-        # the head's normalised Gaussian in the env's units (an affine map of a Normal is a Normal)
-        mean = self.action_offset + self.action_scale * mean.view(shape)
-        std = self.action_scale * std.reshape(shape)
+        # the head's normalised Gaussian in the env's units (an affine map of a Normal is a Normal); a dimension with
+        # no spread keeps scale 1 here (a Normal needs std > 0) and is set to its statistic in env_action
+        scale = torch.where(self.action_scale == 0, 1.0, self.action_scale)
+        mean = self.action_offset + scale * mean.view(shape)
+        std = scale * std.reshape(shape)
         return torch.distributions.Normal(mean, std, validate_args=False)
 
     def forward(self, obs: TensorDict) -> tuple[torch.distributions.Distribution, torch.Tensor]:
@@ -651,15 +653,18 @@ class HFVLAPolicy(nn.Module):
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         """A bin index -> its normalised value (the map's ``values``) in the env's units (the statistics); a Gaussian
-        sample as it is (the env clips); then the gripper post-processing the statistics name, if any."""
+        sample as it is (the env clips); a dimension whose statistics have no spread -> that statistic, whatever was
+        sampled (``Normalizer.tensors``); then the gripper post-processing the statistics name, if any."""
         if self.bins:
             action = self.action_offset + self.action_scale * self.bin_values[action.long()]
+        else:
+            action = torch.where(self.action_scale == 0, self.action_offset, action)
         return self.statistics.gripper.apply(action)
 
     def action_bins(self, action: torch.Tensor) -> torch.Tensor:
         """Env actions [..., *action_shape] -> their bins (float indices, as ``Bins`` samples): normalised with the
         statistics, clipped to [-1, 1], and counted against the map's edges (behaviour cloning's targets)."""
-        normalised = ((action - self.action_offset) / self.action_scale).clamp(-1.0, 1.0)
+        normalised = Normalizer.normalise(action, self._norm("action"), clip=True)
         return torch.bucketize(normalised.contiguous(), self.bin_edges, right=True).float()
 
     # ---- what trains, and saving ------------------------------------------------------------------------------

@@ -19,10 +19,12 @@ The file, ``dataset_statistics.json`` beside the model, has OpenVLA's layout (on
 ``normalization`` (per part): ``bounds_q99`` maps [q01, q99] to [-1, 1] (OpenVLA's default, and the default when the
 key is absent), ``bounds`` maps [min, max], ``normal`` is ``(x - mean) / std`` (LeRobot's), ``none`` leaves the values
 as they are. ``mask`` false leaves a dimension as it is (OpenVLA's gripper). A dimension with no spread (q99 = q01,
-std = 0) is centred but not scaled. ``gripper`` (actions only), after un-normalising, for each of ``dims``:
-``from_unit`` maps [0, 1] to [-1, 1] (2g - 1), ``binarize`` takes the sign, ``invert`` flips it (OpenVLA's LIBERO
-evaluation: ``normalize_gripper_action(binarize=True)`` then ``invert_gripper_action``). The state: normalised with
-its ``normalization``, clipped to [-1, 1] under the bounds ones (as OpenVLA-OFT does its proprio).
+min = max, std = 0) decodes to that statistic, and normalises as OpenVLA's data pipeline does: -1 / +1 at or below /
+above it, 0 where min = max (``normal``: 0 at the mean, -1 / +1 off it; ``Normalizer.tensors``). ``gripper``
+(actions only), after un-normalising, for each of ``dims``: ``from_unit`` maps [0, 1] to [-1, 1] (2g - 1),
+``binarize`` takes the sign, ``invert`` flips it (OpenVLA's LIBERO evaluation: ``normalize_gripper_action(binarize=
+True)`` then ``invert_gripper_action``). The state: normalised with its ``normalization``, clipped to [-1, 1] under
+the bounds ones (as OpenVLA-OFT does its proprio).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ STATS_FILE = "dataset_statistics.json"
 NORMALIZATIONS = ("bounds_q99", "bounds", "normal", "none")
 STAT_KEYS = ("q01", "q99", "mean", "std", "min", "max")
 NEEDS = {"bounds_q99": ("q01", "q99"), "bounds": ("min", "max"), "normal": ("mean", "std"), "none": ()}
-FLAT = 1e-8  # a spread below this is no spread: the dimension is centred, not scaled
+FLAT = 1e-8  # a spread below this is no spread: the dimension decodes to its statistic (Normalizer.tensors)
 
 
 @dataclass
@@ -74,21 +76,49 @@ class Normalizer:
         if not all(math.isfinite(x) for x in used):
             raise ValueError(f"{what}: {NEEDS[self.normalization]} hold a non-finite value")
 
-    def offset_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(offset, scale)`` [dim] with normalised = (x - offset) / scale, and x = offset + scale * normalised; a
-        masked-out dimension and ``none`` give (0, 1)."""
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The maps between the env's units x and normalised units n, per dimension [dim]: decoding is
+        ``x = offset + scale * n``, normalising is ``(x - offset) / scale`` (:meth:`normalise`). A masked-out
+        dimension and ``none`` give (0, 1).
+
+        A dimension with no spread (q99 - q01, max - min or std below ``FLAT``) gets ``scale`` 0: it decodes to its
+        statistic whatever n is. OpenVLA's decoder, ``q01 + (n + 1)(q99 - q01) / 2``, gives exactly q01 there;
+        openpi's adds 1e-6 to the spread and LeRobot 1e-8 to the std, which gives q01 or the mean within that.
+        Normalising such a dimension follows OpenVLA's data pipeline (``normalize_action_and_proprio``): under the
+        bounds normalisations it divides ``2 (x - low)`` by ``high - low + 1e-8`` and clips, which is -1 at or below
+        the statistic and +1 above it (``tie``, the value at the statistic, is -1), and it then sets every dimension
+        whose min equals its max to 0 (``zero``, where the file has min and max; OpenVLA zeroes masked-out dimensions
+        too, here ``mask`` false always leaves a dimension as it is: the env's bounds mark unbounded ones so). Under
+        ``normal`` its ``(x - mean) / (std + 1e-8)`` is 0 at the mean and some 1e8 times the distance elsewhere; we
+        keep the 0 (``tie``) and its sign, -1 or +1, so that a state token never reads 1e8."""
         dim = self.dim
-        if self.normalization == "none":
-            return torch.zeros(dim), torch.ones(dim)
-        a, b = (torch.tensor(self.stats[k], dtype=torch.float64) for k in NEEDS[self.normalization])
-        if self.normalization == "normal":
-            offset, scale = a, b
-        else:
-            offset, scale = (a + b) / 2, (b - a) / 2
-        scale = torch.where(scale.abs() < FLAT, torch.ones_like(scale), scale)
+        offset, scale = torch.zeros(dim, dtype=torch.float64), torch.ones(dim, dtype=torch.float64)
+        tie, zero = torch.zeros(dim), torch.zeros(dim, dtype=torch.bool)
         mask = torch.tensor(self.mask if self.mask is not None else [True] * dim)
-        offset, scale = torch.where(mask, offset, 0.0), torch.where(mask, scale, 1.0)
-        return offset.float(), scale.float()
+        if self.normalization != "none":
+            a, b = (torch.tensor(self.stats[k], dtype=torch.float64) for k in NEEDS[self.normalization])
+            offset, scale = (a, b) if self.normalization == "normal" else ((a + b) / 2, (b - a) / 2)
+            scale = torch.where(scale.abs() < FLAT, 0.0, scale)
+            offset, scale = torch.where(mask, offset, 0.0), torch.where(mask, scale, 1.0)
+        if self.clips:
+            tie = torch.full((dim,), -1.0)
+            if "min" in self.stats and "max" in self.stats:
+                zero = mask & (torch.tensor(self.stats["min"]) == torch.tensor(self.stats["max"]))
+        return {"offset": offset.float(), "scale": scale.float(), "tie": tie, "zero": zero}
+
+    @staticmethod
+    def normalise(x: torch.Tensor, tensors: dict[str, torch.Tensor], clip: bool) -> torch.Tensor:
+        """``x`` [..., dim] in the env's units -> normalised with :meth:`tensors` (on ``x``'s device), clipped to
+        [-1, 1] if ``clip``; a dimension with no spread (scale 0) -> -1 / ``tie`` / +1 below / at / above its
+        statistic, and 0 where ``zero``."""
+        offset, scale = tensors["offset"], tensors["scale"]
+        flat = scale == 0
+        distance = x - offset
+        n = distance / torch.where(flat, 1.0, scale)
+        if clip:
+            n = n.clamp(-1.0, 1.0)
+        sign = torch.where(distance > 0, 1.0, torch.where(distance < 0, -1.0, tensors["tie"]))
+        return torch.where(tensors["zero"], 0.0, torch.where(flat, sign, n))
 
     @property
     def clips(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -357,6 +358,30 @@ def numeric_info_to_torch(info: dict, tensor, passes=None, nested: bool = False)
     return out
 
 
+TASK_ATTRIBUTES = ("task_name", "task")
+"""Sub-env attributes that name the task a sub-env runs: Meta-World's ``task_name`` (its MT ids' sub-envs), the
+``task`` of LeRobot's LIBERO envs."""
+
+
+def sub_env_tasks(env: VectorEnv) -> tuple[str, ...] | None:
+    """The name of the task each sub-env of a Gymnasium ``SyncVectorEnv`` / ``AsyncVectorEnv`` runs, where its
+    sub-envs tell them apart: the first of :data:`TASK_ATTRIBUTES` that every sub-env has as a string, else (sub-envs
+    of a ``SyncVectorEnv``) their spec ids; each only where it gives more than one name. None otherwise (one task,
+    or a vector env that cannot be asked about its sub-envs). Asked once, when the env is built."""
+    sub_envs = getattr(env, "envs", None)
+    if sub_envs is None and not callable(getattr(env, "call", None)):
+        return None
+    for attribute in TASK_ATTRIBUTES:
+        if sub_envs is not None:  # read, not called
+            names = [e.get_wrapper_attr(attribute) if e.has_wrapper_attr(attribute) else None for e in sub_envs]
+        else:  # AsyncVectorEnv, asked in its workers (first whether it is there: a missing one would stop them)
+            names = env.get_attr(attribute) if all(env.call("has_wrapper_attr", attribute)) else []
+        if names and all(isinstance(name, str) for name in names) and len(set(names)) > 1:
+            return tuple(names)
+    names = [getattr(e.spec, "id", None) for e in sub_envs or ()]  # (an async worker's spec may not pickle)
+    return tuple(names) if names and all(isinstance(n, str) for n in names) and len(set(names)) > 1 else None
+
+
 class GymnasiumToTorch(RenderFirstEnv):
     """A numpy Gymnasium vector env (SAME_STEP autoreset) seen through the torch env contract.
 
@@ -380,6 +405,12 @@ class GymnasiumToTorch(RenderFirstEnv):
     masks, collects final observations in an object array and deep-copies the batch, and converting that
     output cost as much again; the results are the same bit for bit (tests/test_gymnasium_contract.py checks it
     step by step). Other vector envs (``AsyncVectorEnv``) are stepped through ``step()`` and their output converted.
+
+    Several tasks: an env whose ``metadata["task_names"]`` names them and whose sub-envs report ``info["task_id"]``
+    gets ``info["task_id"]`` (long ``[N]``, at reset and every step; a finished env's is its last episode's) and
+    ``info["episode"]["task_id"]``. One without task names whose sub-envs tell their tasks apart otherwise
+    (:func:`sub_env_tasks`: a ``task_name`` or ``task`` attribute, or their specs) gets them from there: its
+    ``metadata["task_names"]`` are the distinct names in sub-env order, and each sub-env keeps its task.
 
     The per-step work is done on numpy arrays (a tiny numpy op costs well under a microsecond, a tiny torch op
     a few) and each output becomes a tensor with one ``torch.from_numpy`` (no copy on the CPU; one transfer
@@ -434,6 +465,13 @@ class GymnasiumToTorch(RenderFirstEnv):
         self._first_reset = True
         self._rng = np.random.default_rng(seed)
         self._success_key: str | None = None  # "success" or "is_success", once a sub-env reported it
+        self._tasks = self._task_t = None  # each sub-env's task where it is fixed (sub_env_tasks) and its tensor
+        self._task_info = "task_names" in env.metadata  # else the sub-envs' info["task_id"] means nothing here
+        if not self._task_info and (names := sub_env_tasks(env)) is not None:
+            task_names = tuple(dict.fromkeys(names))
+            self.metadata = {**env.metadata, "task_names": task_names}
+            self._tasks = np.array([task_names.index(name) for name in names], dtype=np.int64)
+            self._task_t = torch.from_numpy(self._tasks).to(self.device)
         # SyncVectorEnv: its sub-envs are stepped here (see the class docstring); Box observations of float32 or
         # float64 go straight into a float32 array (one rounding, as through a float64 batch and then float32)
         self._sub_envs = env.envs if type(env) is SyncVectorEnv else None
@@ -584,8 +622,12 @@ class GymnasiumToTorch(RenderFirstEnv):
                 self._success_key = self._success_key or key
                 del info[key]
                 info.pop(f"_{key}", None)
+        task = self._pop_task_id(info, {}, np.zeros(self.num_envs, bool))
         self._last_obs = self._obs_to_torch(obs)
-        return self._last_obs, self._info_to_torch(info)
+        out = self._info_to_torch(info)
+        if self._task_t is not None or (task is not None and self._task_info):  # the task each sub-env starts on
+            out["task_id"] = self._task_t if self._task_t is not None else torch.from_numpy(task).to(self.device)
+        return self._last_obs, out
 
     def _partial_reset(self, mask: np.ndarray):
         """Reset the envs in ``mask`` (no seed: each continues its own random stream); other rows keep their obs."""
@@ -664,6 +706,9 @@ class GymnasiumToTorch(RenderFirstEnv):
             for i, info in enumerate(infos):
                 if key in info:
                     success[i] = info[key]
+        task = None
+        if self._task_info and self._tasks is None:  # the step's own task, as success (a finished env: its last)
+            task = np.array([info.get("task_id", 0) for info in infos], dtype=np.int64)
 
         # The passed-on entries, batched as SyncVectorEnv batches them (a finished env's from its reset's info,
         # except rewards and metrics, which describe its last step: see last_step_entries)
@@ -684,7 +729,7 @@ class GymnasiumToTorch(RenderFirstEnv):
             if final or not batched.keys().isdisjoint(INFO_KEYS):
                 last_step_entries(batched, final, terminated | truncated)
         out = self._info_to_torch(batched, select=False) if batched else {}
-        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, bool(resets))
+        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, bool(resets), task)
 
     def _outputs(
         self,
@@ -696,9 +741,11 @@ class GymnasiumToTorch(RenderFirstEnv):
         success: np.ndarray | None,
         out: dict,
         any_done: bool | None,
+        task: np.ndarray | None = None,
     ) -> tuple:
-        """The step's return value: tensors, with ``final_obs``, ``success`` and the episode statistics in ``out``
-        (the converted info). ``any_done`` False: no episode ended (None: not known)."""
+        """The step's return value: tensors, with ``final_obs``, ``success``, the episode statistics and the task
+        (``task``, or the fixed tasks) in ``out`` (the converted info). ``any_done`` False: no episode ended (None:
+        not known)."""
         tensor = torch.from_numpy if self._on_cpu else self._tensor
         done = terminated | truncated
         done_t = tensor(done)
@@ -721,6 +768,11 @@ class GymnasiumToTorch(RenderFirstEnv):
             else:  # finished envs start their next episode from zero (SAME_STEP autoreset already happened)
                 self._episode_return = np.where(done, np.float32(0.0), episode_return)
                 self._episode_length = np.where(done, np.int32(0), episode_length)
+        task_t = self._task_t if self._task_t is not None else None if task is None else tensor(task)
+        if task_t is not None:  # the task each sub-env ran: per-task success (RolloutStats, evaluate)
+            out["task_id"] = task_t
+            if "episode" in out:
+                out["episode"]["task_id"] = task_t
         self._last_obs = obs_t  # (what a partial reset leaves in the rows it doesn't reset)
         return obs_t, tensor(reward), tensor(terminated), tensor(truncated), out
 
@@ -737,20 +789,14 @@ class GymnasiumToTorch(RenderFirstEnv):
         final_info = info.pop("final_info", None) or {}
         info.pop("_final_info", None)
         success = self._pop_success(info, final_info, terminated | truncated)
-        task_id = self._pop_task_id(info, final_info, terminated | truncated)
+        task = self._pop_task_id(info, final_info, terminated | truncated)
         if final_info:
             last_step_entries(info, final_info, terminated | truncated)
         final_rows = {i: final_obs[i] for i in np.flatnonzero(terminated | truncated)} if final_obs is not None else {}
         obs_t, final_t = self._obs_outputs(obs, final_rows)
         out = self._info_to_torch(info) if info else {}
-        obs_t, reward_t, terminated_t, truncated_t, out = self._outputs(
-            obs_t, final_t, reward, terminated, truncated, success, out, None
-        )
-        if task_id is not None:  # the task each sub-env ran: per-task success (RolloutStats, evaluate)
-            out["task_id"] = torch.from_numpy(task_id).to(self.device)
-            if "episode" in out:
-                out["episode"]["task_id"] = out["task_id"]
-        return obs_t, reward_t, terminated_t, truncated_t, out
+        task = task if self._task_info else None
+        return self._outputs(obs_t, final_t, reward, terminated, truncated, success, out, None, task)
 
     @staticmethod
     def _pop_task_id(info: dict, final_info: dict, done: np.ndarray) -> np.ndarray | None:
@@ -823,11 +869,41 @@ def _offers_rgb_array(env_id: str) -> bool:
         return False
 
 
+QUIET_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+"""The starts of the MuJoCo warnings make_env drops: Gymnasium's own model files (half_cheetah.xml, hopper.xml, ...)
+set ``settotalmass``, which MuJoCo 4 deprecates but still applies; nothing a user can or needs to act on."""
+
+
+def _mujoco_warning(message: str) -> None:
+    if not message.startswith(QUIET_MUJOCO_WARNINGS):
+        warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+
+def quiet_mujoco(spec: gym.envs.registration.EnvSpec) -> None:
+    """Where ``spec``'s env runs on MuJoCo (its entry point's module imports ``mujoco``): route MuJoCo's warnings
+    through Python's ``warnings`` as RuntimeWarnings, without :data:`QUIET_MUJOCO_WARNINGS`.
+
+    MuJoCo's default warning handler prints every warning to the console and appends it to ``MUJOCO_LOG.TXT`` in
+    the working directory; with a handler of the user's (``mujoco.set_mju_user_warning``) it does neither and calls
+    that instead. This installs one, once per process, before the env compiles its model (where the deprecation is
+    warned). The workers of an async vector env are forked from this process and inherit it. A handler someone
+    else installed is left alone."""
+    for entry in (spec.entry_point, spec.vector_entry_point):
+        if isinstance(entry, str):
+            try:
+                load_env_creator(entry)  # imports the env's module, and mujoco with it for a MuJoCo env
+            except Exception:  # a missing dependency is reported by make_vec itself, with its own message
+                pass
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is not None and mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def _vector_only_env(env_id: str, num_envs: int, device, seed, flatten_obs, info_keys, env_kwargs: dict) -> VectorEnv:
     """An id registered with a ``vector_entry_point`` only (multi-task suites register this way: ``gym.make_vec``
     works, ``gym.make`` does not): its own vector env, asked for SAME_STEP autoreset where its creator takes an
-    ``autoreset_mode``, -> :func:`numpy_vector_to_torch`. Each sub-env may run another task: where the env reports
-    ``info["task_id"]`` and names its tasks in ``metadata["task_names"]``, success is logged per task. One line for
+    ``autoreset_mode``, -> :func:`numpy_vector_to_torch`. Each sub-env may run another task: where the env or its
+    sub-envs tell them apart (:class:`GymnasiumToTorch`, "Several tasks"), success is logged per task. One line for
     an env that resets in another mode (the trainers need the last observation of every finished episode)."""
     creator = gym.spec(env_id).vector_entry_point
     creator = load_env_creator(creator) if isinstance(creator, str) else creator
@@ -862,6 +938,7 @@ def make_gymnasium_env(
     stepped in this process (``"sync"``) or one worker process each (``"async"``), ``render_mode="rgb_array"``
     where the env has it) -> :func:`numpy_vector_to_torch`."""
     spec = gym.spec(env_id)
+    quiet_mujoco(spec)  # no MuJoCo deprecation warnings from Gymnasium's model files, no MUJOCO_LOG.TXT
     if spec.entry_point is None and spec.vector_entry_point is not None:  # a suite that registers only its vector env
         return _vector_only_env(env_id, num_envs, device, seed, flatten_obs, info_keys, env_kwargs)
     if "render_mode" not in env_kwargs and _offers_rgb_array(env_id):
