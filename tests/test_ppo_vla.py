@@ -219,7 +219,7 @@ def test_bad_input_is_one_line(script, overrides, flag, tmp_path, monkeypatch):
 
 
 def test_sample_with_draws_from_the_generator():
-    from examples.hf_vla import Bins
+    from examples.action_bins import Bins
 
     normal = torch.distributions.Normal(torch.zeros(4, 3), torch.ones(4, 3))
     bins = Bins(torch.randn(4, 2, 3, 7))

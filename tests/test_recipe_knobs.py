@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from toy_policies import ToyVLA
 
 from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
-from examples.hf_vla.policy import Bins
+from examples.action_bins import Bins
 
 ENV = {"obs_mode": "state+rgb", "image_size": 16, "action_mode": "ee_delta_pos", "max_episode_steps": 10}
 

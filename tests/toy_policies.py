@@ -47,7 +47,7 @@ class ToyVLA(torch.nn.Module):
         entries = math.prod(self.action_shape)
         self.critic = _mlp(features, hidden, 1, 1.0)
         if self.bins:
-            from examples.hf_vla.policy import bin_bounds
+            from examples.action_bins import bin_bounds
 
             self.actor_logits = _mlp(features, hidden, entries * self.bins, 0.01)
             low, high = bin_bounds(act_space, self.bins)
@@ -66,7 +66,7 @@ class ToyVLA(torch.nn.Module):
 
     def _dist(self, state: torch.Tensor) -> torch.distributions.Distribution:
         if self.bins:
-            from examples.hf_vla.policy import Bins
+            from examples.action_bins import Bins
 
             return Bins(self.actor_logits(state).view(-1, *self.action_shape, self.bins))
         mean = self.actor_mean(state).float()
