@@ -23,7 +23,6 @@ tests/numerics.py OUT_DIR` runs ppo_ddp and ppo_vla_ddp in one process group and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -239,16 +238,6 @@ def _two_rank_worker(out: Path, names: list[str]) -> None:
 
 
 # ---- golden files and the comparison ------------------------------------------------------------------------------
-def digest(record: dict) -> str:
-    """A short hash of a record's numbers (what reports store to say which code they measured)."""
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def golden_digest(name: str) -> str | None:
-    path = FINGERPRINTS[name].golden
-    return digest(json.loads(path.read_text())["record"]) if path.is_file() else None
-
-
 def write_golden(fp: Fingerprint, record: dict) -> None:
     GOLDEN_DIR.mkdir(exist_ok=True)
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in fp.config.items()}

@@ -1,0 +1,182 @@
+"""Where every published figure comes from, and whether the code still computes what it measured.
+
+Each report folder under docs/results/ holds a `provenance.json`: the commit and date it was measured at, the machine,
+the one command that measures it again, the exact command of each run, and the numeric fingerprints it depends on
+(tests/numerics.py), each with the digest of its golden file at the time. When a golden file changes (the code now
+computes other numbers), the reports that depend on it are stale until they are measured again:
+
+    uv run python benchmarks/provenance.py                  # every report: fresh, or which fingerprints moved
+    uv run python benchmarks/provenance.py --mark-stale     # mark those reports stale (provenance.json and a banner
+                                                            #   at the top of the report); then mark the docs' quotes
+
+A stale report stays published, with its banner, until its command is run again; every paragraph of README.md and
+docs/ that links to it must say "stale" (tests/test_reports.py checks it, and that every linked report exists and
+names a commit of this repository). docs/benchmarks.md describes the rules.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, RESULTS_DIR, describe_machine, machine_info  # noqa: E402
+
+GOLDEN_DIR = REPO / "tests" / "golden"
+FILE = "provenance.json"
+STALE_BANNER = "> **Stale:**"
+"""The first line of a stale report's markdown starts with this (and says which fingerprints moved, since when)."""
+
+# What each script's numbers depend on, besides the env fingerprint of the env it runs (`ENV_FINGERPRINTS`).
+SCRIPT_FINGERPRINTS = {
+    "ppo_continuous": ["ppo_continuous"],
+    "grpo": ["grpo"],
+    "ppo_ddp": ["ppo_ddp"],
+    "ppo_vla": ["ppo_vla"],
+    "grpo_vla": ["grpo_vla"],
+    "ppo_vla_async": ["ppo_vla_async"],
+    "ppo_vla_ddp": ["ppo_vla_ddp"],
+    "bc": ["hf_vla"],
+    "dagger": ["hf_vla"],
+    "pretrain": ["hf_vla"],
+    # benchmark drivers: what the runs they start depend on
+    "run": [],  # its runs' own commands are recorded
+    "vla_rl": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL"],
+    "vs_cleanrl": ["ppo_continuous"],
+    "speed": ["ppo_continuous", "env-PushCubeRL"],
+    "update_vs": ["ppo_continuous"],
+    "async_speed": ["ppo_vla_async"],
+    "push_cube_env_speed": ["env-PushCubeRL"],
+    "push_cube_rgb_speed": ["env-PushCubeRL"],
+    "push_cube_variants": ["env-PushCubeRL"],
+    "vla_memory": ["hf_vla"],
+    "gpu_check": ["ppo_continuous", "grpo", "ppo_ddp", "ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp",
+                  "hf_vla", "env-PushCubeRL", "env-PushCubeLangRL"],
+}  # fmt: skip
+ENV_FINGERPRINTS = {"PushCubeRL": "env-PushCubeRL", "PushCubeLangRL": "env-PushCubeLangRL"}
+DEFAULT_ENV = {"ppo_continuous": "PushCubeRL", "grpo": "PushCubeRL", "ppo_ddp": "PushCubeRL"}  # the trainers' default
+PIXEL_MODES = re.compile(r'"obs_mode":\s*"[^"]*rgb')
+
+
+def depends_on(command: str) -> list[str]:
+    """The fingerprints a command's numbers depend on: its script's, the pixel agent's when it trains on images, its
+    env's, and examples/hf_vla's when it trains that policy."""
+    tokens = shlex.split(command)
+    scripts = [Path(t).stem for t in tokens if t.endswith(".py")]
+    names: set[str] = set()
+    for script in scripts:
+        names.update(SCRIPT_FINGERPRINTS.get(script, []))
+    env_id = tokens[tokens.index("--env-id") + 1] if "--env-id" in tokens else None
+    env_id = env_id or next((DEFAULT_ENV[s] for s in scripts if s in DEFAULT_ENV), None)
+    if env_id in ENV_FINGERPRINTS:
+        names.add(ENV_FINGERPRINTS[env_id])
+    if "ppo_continuous" in scripts and PIXEL_MODES.search(command):
+        names.add("ppo_continuous-pixels")
+    if "examples.hf_vla" in command:
+        names.add("hf_vla")
+    return sorted(names)
+
+
+def golden_digest(name: str) -> str | None:
+    """A short hash of the numbers in a fingerprint's golden file (None when it has none)."""
+    path = GOLDEN_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())["record"]
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_commit() -> tuple[str, bool]:
+    """(HEAD's full sha, whether tracked files differ from it)."""
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO).returncode != 0
+    return sha, dirty
+
+
+def record(out_dir: Path, command: str, runs: list[str] | None = None, machine: dict | None = None) -> dict:
+    """Write `out_dir`/provenance.json for a report measured now, by `command` (the command that measures it again),
+    from the runs `runs` (exact commands; default: `command` alone)."""
+    sha, dirty = git_commit()
+    runs = runs or [command]
+    names = sorted({n for c in [command, *runs] for n in depends_on(c)})
+    body = {
+        "commit": sha,
+        "dirty": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": describe_machine(machine or machine_info()),
+        "command": command,
+        "runs": runs,
+        "fingerprints": {name: golden_digest(name) for name in names},
+        "stale": None,
+    }
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / FILE).write_text(json.dumps(body, indent=1) + "\n")
+    return body
+
+
+def load(report: Path) -> dict:
+    return json.loads((report / FILE).read_text())
+
+
+def why_stale(prov: dict) -> str | None:
+    """Why the code no longer computes what the report measured (None when it still does): the fingerprints whose
+    golden numbers moved, or that it predates the fingerprints (`"fingerprints": null`)."""
+    if prov["fingerprints"] is None:
+        return "measured before the numeric fingerprints existed, by code whose numbers have changed since"
+    moved = [name for name, digest in prov["fingerprints"].items() if golden_digest(name) != digest]
+    return f"the numbers of {', '.join(moved)} have changed since (tests/numerics.py)" if moved else None
+
+
+def report_markdown(report: Path) -> Path | None:
+    """The report's markdown page (report.md, or the one .md the benchmark writes), if it has one."""
+    pages = sorted(report.glob("*.md"))
+    return next((p for p in pages if p.name == "report.md"), pages[0] if pages else None)
+
+
+def mark_stale(report: Path, why: str) -> None:
+    """Record in provenance.json that `report` is stale, and put a banner at the top of its markdown page."""
+    prov = load(report)
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    prov["stale"] = {"since": today, "why": why}
+    (report / FILE).write_text(json.dumps(prov, indent=1) + "\n")
+    page = report_markdown(report)
+    if page is not None:
+        text = page.read_text()
+        if text.startswith(STALE_BANNER):
+            text = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+        banner = (f"{STALE_BANNER} measured at commit {prov['commit'][:10]} ({prov['date']}); {why}. "
+                  f"Measure it again with `{prov['command']}`.")  # fmt: skip
+        page.write_text(banner + "\n\n" + text)
+
+
+def main() -> int:
+    mark = "--mark-stale" in sys.argv[1:]
+    rows = []
+    for report in sorted(p for p in RESULTS_DIR.iterdir() if p.is_dir()):
+        if not (report / FILE).is_file():
+            rows.append((report.name, f"no {FILE}"))
+            continue
+        prov = load(report)
+        why = why_stale(prov)
+        if prov["stale"]:
+            rows.append((report.name, f"stale since {prov['stale']['since']}: {prov['stale']['why']}"))
+        elif why:
+            rows.append((report.name, ("marked stale: " if mark else "STALE, not yet marked: ") + why))
+            if mark:
+                mark_stale(report, why)
+        else:
+            rows.append((report.name, f"fresh (commit {prov['commit'][:10]}, {prov['date']})"))
+    width = max(len(name) for name, _ in rows)
+    for name, status in rows:
+        print(f"{name:<{width}}  {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
