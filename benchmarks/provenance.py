@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, RESULTS_DIR, describe_machine, machine_info  # noqa: E402
+from benchlib import REPO, RESULTS_DIR, RESULTS_MD, describe_machine, machine_info  # noqa: E402
 
 GOLDEN_DIR = REPO / "tests" / "golden"
 FILE = "provenance.json"
@@ -139,8 +139,14 @@ def report_markdown(report: Path) -> Path | None:
     return next((p for p in pages if p.name == "report.md"), pages[0] if pages else None)
 
 
+def banner(report: Path, prov: dict) -> str:
+    return (f"{STALE_BANNER} `docs/results/{report.name}` was measured at commit {prov['commit'][:10]} "
+            f"({prov['date']}); {prov['stale']['why']}. Measure it again with `{prov['command']}`.")  # fmt: skip
+
+
 def mark_stale(report: Path, why: str) -> None:
-    """Record in provenance.json that `report` is stale, and put a banner at the top of its markdown page."""
+    """Record in provenance.json that `report` is stale, and put a banner at the top of its markdown page and of its
+    section in docs/benchmarks.md (between its BEGIN/END markers)."""
     prov = load(report)
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     prov["stale"] = {"since": today, "why": why}
@@ -150,9 +156,15 @@ def mark_stale(report: Path, why: str) -> None:
         text = page.read_text()
         if text.startswith(STALE_BANNER):
             text = text.split("\n\n", 1)[1] if "\n\n" in text else ""
-        banner = (f"{STALE_BANNER} measured at commit {prov['commit'][:10]} ({prov['date']}); {why}. "
-                  f"Measure it again with `{prov['command']}`.")  # fmt: skip
-        page.write_text(banner + "\n\n" + text)
+        page.write_text(banner(report, prov) + "\n\n" + text)
+    begin = f"<!-- BEGIN {report.name} -->\n"
+    if RESULTS_MD.is_file() and begin in RESULTS_MD.read_text():
+        head, rest = RESULTS_MD.read_text().split(begin, 1)
+        blocks = rest.lstrip("\n").split("\n\n")
+        blocks = [b for b in blocks[:3] if not b.startswith(STALE_BANNER)] + blocks[3:]  # (an older banner)
+        at = 1 if blocks[0].startswith("#") else 0  # under the section's own heading
+        blocks.insert(at, banner(report, prov))
+        RESULTS_MD.write_text(head + begin + "\n" + "\n\n".join(blocks))
 
 
 def main() -> int:

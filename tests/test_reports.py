@@ -1,5 +1,6 @@
 """Every published figure traces to a report that says where it came from, and a report whose numbers the code no
-longer computes says so, in the report and wherever it is quoted (benchmarks/provenance.py, docs/benchmarks.md)."""
+longer computes says so, in the report and wherever it is quoted: in the quoting paragraph, or in an earlier paragraph
+of its section that names the report (benchmarks/provenance.py, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,18 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)")
 
 
-def paragraphs(page: Path) -> list[str]:
-    return [p for p in re.split(r"\n\s*\n", page.read_text()) if p.strip()]
+def sections(page: Path) -> list[list[str]]:
+    """The page's sections (split at `#` and `##` headings outside code blocks), each a list of its paragraphs."""
+    out, current, fenced = [], [], False
+    for block in re.split(r"\n\s*\n", page.read_text()):
+        if not block.strip():
+            continue
+        if not fenced and re.match(r"#{1,2} ", block.lstrip()):
+            out.append(current)
+            current = []
+        current.append(block)
+        fenced ^= block.count("```") % 2 == 1
+    return [*out, current]
 
 
 def links(paragraph: str) -> set[str]:
@@ -87,12 +98,14 @@ def test_a_stale_report_says_so_at_its_top_and_wherever_it_is_quoted():
         page = provenance.report_markdown(RESULTS / name)
         if page is not None and not page.read_text().startswith(provenance.STALE_BANNER):
             problems.append(f"{page.relative_to(REPO)} does not start with '{provenance.STALE_BANNER}'")
-    for page in PAGES:
-        for paragraph in paragraphs(page):
-            quoted = sorted(links(paragraph) & stale)
-            if quoted and "stale" not in paragraph.lower():
-                first = paragraph.strip().splitlines()[0][:80]
-                problems.append(f"{page.relative_to(REPO)}: a paragraph quoting {quoted} does not say stale: {first!r}")
+    for page in PAGES:  # a paragraph that quotes a stale report says so, or an earlier one of its section does
+        for section in sections(page):
+            for i, paragraph in enumerate(section):
+                for name in sorted(links(paragraph) & stale):
+                    said = [p for p in section[: i + 1] if "stale" in p.lower() and f"results/{name}" in p]
+                    if "stale" not in paragraph.lower() and not said:
+                        first = paragraph.strip().splitlines()[0][:80]
+                        problems.append(f"{page.relative_to(REPO)}: quotes {name} without saying stale: {first!r}")
     assert not problems, "\n".join(problems)
 
 
