@@ -1,21 +1,24 @@
 """Our ppo_continuous.py against CleanRL's ppo_continuous_action.py on CleanRL's own MuJoCo settings, side by side.
 
-    uv venv -p 3.11 /tmp/cleanrl-venv   # CleanRL's script needs Gymnasium 0.29 (its autoreset): a venv of its own
-    uv pip install --python /tmp/cleanrl-venv/bin/python "gymnasium[mujoco]==0.29.1" tyro tensorboard "numpy<2" torch
-    uv pip install --python /tmp/cleanrl-venv/bin/python --no-deps cleanrl
-    uv run python benchmarks/vs_cleanrl.py --cleanrl-python /tmp/cleanrl-venv/bin/python
+    uv pip install --target /tmp/cleanrl --no-deps cleanrl==1.2.0    # CleanRL's script (not part of this repository)
+    uv run python benchmarks/vs_cleanrl.py --cleanrl-script /tmp/cleanrl/cleanrl/ppo_continuous_action.py
 
-Both scripts train the same task (HalfCheetah-v4: the id Gymnasium 0.29 has; our venv's Gymnasium 1.x has it
-too) with the same hyperparameters: CleanRL's defaults, which benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt
-copies (1 env x 2048 steps, 10 epochs x 32 minibatches, 64x64 MLPs, observation and reward normalization).
-Ours runs with `--compile on`, what its default (`--compile auto`) picks for CleanRL's 1M-step runs but not for
-these short ones; the compilation (~10 s) falls in the first iterations, outside the steady state and inside the
-whole-process times, which are reported too. Runs alternate (ours, CleanRL, CleanRL, ours, ...) one at a time with
-one thread each (OMP_NUM_THREADS=1), so drift of the machine falls on both alike. Speed is steady-state: env steps
-per second of wall time between the iteration after `--skip` and the last one, from the TensorBoard event times of
-`charts/learning_rate`, which both scripts log once per iteration after the update. Process start-up (imports,
-Python compilation, env creation) and our final evaluation are outside it; whole-process times are reported too.
-Writes `--out`/vs_cleanrl.json and the `vs-cleanrl-cpu` section of docs/benchmarks.md.
+Both scripts run in this project's environment (the same torch, Gymnasium 1.x and MuJoCo) and train the same task
+(HalfCheetah-v4) with the same hyperparameters: CleanRL's defaults, which
+benchmarks/configs/ppo_continuous__HalfCheetah-v5.txt copies (1 env x 2048 steps, 10 epochs x 32 minibatches, 64x64
+MLPs, observation and reward normalization). CleanRL's script is written for Gymnasium 0.29; it runs on 1.x after two
+edits, made to a temporary copy (`gymnasium_1_edits`): `TransformObservation` is given the observation space, which
+1.x requires, and the episode statistics are read from 1.x's `infos["episode"]` (0.29 put them in
+`infos["final_info"]`) so the script logs its returns as it does on 0.29. Under 1.x's default autoreset the step
+after an episode's end is a reset step, one transition in 1000 on HalfCheetah: the same work per step.
+Ours runs with `--compile on`, what its default (`--compile auto`) picks for CleanRL's 1M-step runs but not for these
+short ones; the compilation falls in the first iterations, outside the steady state and inside the whole-process
+times, which are reported too. Runs alternate (ours, CleanRL, CleanRL, ours, ...) one at a time with one thread each
+(OMP_NUM_THREADS=1), so drift of the machine falls on both alike. Speed is steady-state: env steps per second of wall
+time from iteration `--skip` + 1 to the last one, from the TensorBoard event times of `charts/learning_rate`, which both
+scripts log once per iteration after the update. Process start-up (imports, env creation) and our final evaluation
+are outside it. Writes `--out`/vs_cleanrl.json, its provenance.json and the `vs-cleanrl-cpu` section of
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 from benchlib import (  # noqa: E402
     BENCH,
     REPO,
@@ -46,26 +50,59 @@ from benchlib import (  # noqa: E402
     package_versions,
     read_flags,
     scalar_wall_times,
+    shell_command,
     write_section,
 )
 
 
 @dataclass
 class Args:
-    cleanrl_python: str | None = None
-    """the Python of a venv with the `cleanrl` package and Gymnasium 0.29 (see the module docstring)"""
+    cleanrl_script: str | None = None
+    """CleanRL's ppo_continuous_action.py (from the `cleanrl` package, see the module docstring)"""
     env_id: str = "HalfCheetah-v4"
-    """a MuJoCo id both Gymnasium versions have"""
-    total_timesteps: int = 40_960
-    """env steps per run (20 iterations of 2048)"""
-    pairs: int = 2
+    """the MuJoCo id CleanRL's published runs used"""
+    total_timesteps: int = 61_440
+    """env steps per run (30 iterations of 2048)"""
+    pairs: int = 3
     """(ours, CleanRL) pairs, run in the order ours, CleanRL, CleanRL, ours, ..."""
-    skip: int = 2
-    """iterations left out at the start of each run's steady-state measurement"""
+    skip: int = 3
+    """iterations left out at the start of each run's steady-state measurement (from iteration skip + 1 on)"""
     out: str = str(RESULTS_DIR / "vs-cleanrl-cpu")
     """folder for vs_cleanrl.json"""
     results_md: str = str(RESULTS_MD)
     """markdown file whose vs-cleanrl-cpu section is replaced ('' to skip)"""
+
+
+THREADS = {"OMP_NUM_THREADS": "1"}
+GYMNASIUM_1_EDITS = [  # (what CleanRL's script says, what it says after the edit)
+    (
+        "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+        "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+    ),
+    (
+        """            if "final_info" not in infos:
+                continue
+
+            for info in infos["final_info"]:
+                # Skip the envs that are not done
+                if info is None:
+                    continue
+                print(""",
+        """            for i in np.flatnonzero(infos.get("_episode", [])):
+                info = {"episode": {k: v[i] for k, v in infos["episode"].items()}}
+                print(""",
+    ),
+]
+
+
+def gymnasium_1_edits(source: str) -> str:
+    """CleanRL's script with the two edits it needs for Gymnasium 1.x (module docstring); a one-line error if the
+    script does not read as expected (another CleanRL version)."""
+    for before, after in GYMNASIUM_1_EDITS:
+        if source.count(before) != 1:
+            sys.exit(f"error: --cleanrl-script: expected one '{before.strip().splitlines()[0]}' in it (cleanrl 1.2.0)")
+        source = source.replace(before, after)
+    return source
 
 
 def steady_sps(run_dir: Path, skip: int) -> tuple[float, int]:
@@ -84,7 +121,7 @@ def commands(args: Args, out_dir: Path, script: str, cleanrl_script: str = "") -
     """The command line of one run: CleanRL's script (it writes runs/ under its working directory) or ours."""
     if script == "cleanrl":
         return [
-            args.cleanrl_python,
+            sys.executable,
             cleanrl_script,
             "--env-id",
             args.env_id,
@@ -123,7 +160,7 @@ def commands(args: Args, out_dir: Path, script: str, cleanrl_script: str = "") -
 
 def run_one(args: Args, script: str, cleanrl_script: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+        env = {**os.environ, **THREADS, "WANDB_MODE": "disabled"}
         start = time.perf_counter()
         proc = subprocess.run(
             commands(args, Path(tmp) / "runs", script, cleanrl_script), cwd=tmp, env=env, capture_output=True, text=True
@@ -152,16 +189,14 @@ def report(data: dict) -> str:
     a = data["args"]
     return "\n".join(
         [
-            f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.localtime(data['finished']))}: "
+            f"Side by side, {time.strftime('%Y-%m-%d %H:%M', time.gmtime(data['finished']))} UTC: "
             "our `ppo_continuous.py` (`--compile on`, what `auto` picks for 1M steps) "
-            f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, Gymnasium "
-            f"{data['cleanrl_gymnasium']}, torch {data['cleanrl_torch']}) on {a['env_id']} with CleanRL's MuJoCo "
-            f"settings, {a['total_timesteps']:,} steps per run, one thread each, alternating; steady-state env steps/s "
-            f"after {a['skip']} iterations.",
+            f"and CleanRL's `ppo_continuous_action.py` (cleanrl {data['cleanrl_version']}, with the two edits it needs "
+            f"for Gymnasium 1.x) in the same environment (Gymnasium {data['versions']['gymnasium']}, torch "
+            f"{data['versions']['torch']}) on {a['env_id']} with CleanRL's MuJoCo settings, {a['total_timesteps']:,} "
+            f"steps per run, one thread each, alternating; steady-state env steps/s from iteration {a['skip'] + 1} on.",
             "",
-            "- command: `uv run python benchmarks/vs_cleanrl.py --cleanrl-python <venv>/bin/python "
-            f"--pairs {a['pairs']} "
-            f"--total-timesteps {a['total_timesteps']}`",
+            f"- command: `{data['command']}`",
             f"- machine: {describe_machine(data['machine'])}",
             f"- versions (ours): {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
             f"- git: {data['git']['git_sha']}",
@@ -176,31 +211,35 @@ def report(data: dict) -> str:
     )
 
 
+def cleanrl_version(script: Path) -> str:
+    """The version of the cleanrl package the script comes from (its dist-info beside it), or "unknown"."""
+    found = sorted(script.resolve().parents[1].glob("cleanrl-*.dist-info"))
+    return found[0].name.removeprefix("cleanrl-").removesuffix(".dist-info") if found else "unknown"
+
+
 def main(args: Args) -> dict:
-    if not args.cleanrl_python or not Path(args.cleanrl_python).is_file():
+    script = Path(args.cleanrl_script or "")
+    if not args.cleanrl_script or not script.is_file():
         sys.exit(
-            f"error: --cleanrl-python must be the python of a venv with cleanrl and Gymnasium 0.29 (see "
-            f"benchmarks/vs_cleanrl.py's docstring), got {args.cleanrl_python!r}"
+            "error: --cleanrl-script must be CleanRL's ppo_continuous_action.py (uv pip install --target "
+            f"/tmp/cleanrl --no-deps cleanrl==1.2.0; see benchmarks/vs_cleanrl.py), got {args.cleanrl_script!r}"
         )
-    probe_code = (
-        "import cleanrl, gymnasium, torch, importlib.metadata as m; print(m.version('cleanrl'), "
-        "gymnasium.__version__, torch.__version__, list(cleanrl.__path__)[0])"
+    command = (
+        f"uv run python benchmarks/vs_cleanrl.py --cleanrl-script <cleanrl>/ppo_continuous_action.py "
+        f"--env-id {args.env_id} --total-timesteps {args.total_timesteps} --pairs {args.pairs} --skip {args.skip}"
     )
-    probe = subprocess.run([args.cleanrl_python, "-c", probe_code], capture_output=True, text=True)
-    if probe.returncode:
-        sys.exit(f"error: --cleanrl-python {args.cleanrl_python}: cannot import cleanrl and gymnasium there")
-    cleanrl_version, cleanrl_gymnasium, cleanrl_torch, cleanrl_dir = probe.stdout.split()
-    cleanrl_script = str(Path(cleanrl_dir) / "ppo_continuous_action.py")
-    pairs = []
-    for i in range(args.pairs):
-        order = ("ours", "cleanrl") if i % 2 == 0 else ("cleanrl", "ours")
-        pairs.append({"pair": i + 1, **{script: run_one(args, script, cleanrl_script) for script in order}})
+    with tempfile.TemporaryDirectory() as tmp:
+        cleanrl_script = Path(tmp) / "ppo_continuous_action.py"
+        cleanrl_script.write_text(gymnasium_1_edits(script.read_text()))
+        pairs = []
+        for i in range(args.pairs):
+            order = ("ours", "cleanrl") if i % 2 == 0 else ("cleanrl", "ours")
+            pairs.append({"pair": i + 1, **{name: run_one(args, name, str(cleanrl_script)) for name in order}})
     data = {
         "args": vars(args),
+        "command": command,
         "pairs": pairs,
-        "cleanrl_version": cleanrl_version,
-        "cleanrl_gymnasium": cleanrl_gymnasium,
-        "cleanrl_torch": cleanrl_torch,
+        "cleanrl_version": cleanrl_version(script),
         "machine": machine_info(),
         "versions": package_versions(),
         "git": git_info(),
@@ -209,6 +248,11 @@ def main(args: Args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vs_cleanrl.json").write_text(json.dumps(data, indent=1))
+    runs = [  # each run's command, as typed in the repository root (the output directory a temporary one)
+        shell_command(commands(args, Path("runs"), name, "<edited copy>/ppo_continuous_action.py"), THREADS)
+        for name in ("ours", "cleanrl")
+    ]
+    provenance.record(out, command, runs, data["machine"])
     text = report(data)
     print(text)
     if args.results_md:

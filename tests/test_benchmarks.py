@@ -490,9 +490,9 @@ def test_vs_cleanrl_steady_speed_is_steps_over_event_time_after_skip(tmp_path):
 
 def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_peer(tmp_path):
     vs = importlib.import_module("vs_cleanrl")
-    args = vs.Args(cleanrl_python="/peer/bin/python", total_timesteps=4096)
-    theirs = vs.commands(args, tmp_path, "cleanrl", "/peer/cleanrl/ppo_continuous_action.py")
-    assert theirs[:2] == ["/peer/bin/python", "/peer/cleanrl/ppo_continuous_action.py"]
+    args = vs.Args(cleanrl_script="/peer/cleanrl/ppo_continuous_action.py", total_timesteps=4096)
+    theirs = vs.commands(args, tmp_path, "cleanrl", "/tmp/edited/ppo_continuous_action.py")
+    assert theirs[:2] == [sys.executable, "/tmp/edited/ppo_continuous_action.py"]  # this project's environment
     assert " ".join(theirs[2:]) == "--env-id HalfCheetah-v4 --total-timesteps 4096 --seed 1 --cuda False"
     ours = vs.commands(args, tmp_path, "ours")
     flags = " ".join(ours[2:])
@@ -512,8 +512,21 @@ def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_
     ):
         assert expected in flags, expected
     assert flags.count("--env-id") == 1 and flags.count("--total-timesteps") == 1  # overrides replace the config's
-    with pytest.raises(SystemExit, match="--cleanrl-python must be the python of a venv with cleanrl"):
-        vs.main(vs.Args(cleanrl_python=str(tmp_path / "missing")))
+    with pytest.raises(SystemExit, match="--cleanrl-script must be CleanRL's ppo_continuous_action.py"):
+        vs.main(vs.Args(cleanrl_script=str(tmp_path / "missing")))
+
+
+def test_vs_cleanrl_makes_the_two_gymnasium_1_edits_once_each_and_refuses_another_script():
+    """The edits turn CleanRL's 0.29 lines into 1.x ones, each found exactly once."""
+    vs = importlib.import_module("vs_cleanrl")
+    (obs_before, obs_after), (log_before, log_after) = vs.GYMNASIUM_1_EDITS
+    script = f"def make_env():\n    env = {obs_before}\n\nfor step in range(3):\n{log_before}" + (
+        "f\"{info['episode']['r']}\")\n"
+    )
+    edited = vs.gymnasium_1_edits(script)
+    assert obs_after in edited and log_after in edited and obs_before not in edited and "final_info" not in edited
+    with pytest.raises(SystemExit, match="--cleanrl-script: expected one"):
+        vs.gymnasium_1_edits(script.replace(obs_before, "env = something_else(env)"))
 
 
 def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start():
