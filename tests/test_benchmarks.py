@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import tyro
 
+from tests.extras import needs
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 rlstats = importlib.import_module("rlstats")
@@ -529,6 +531,7 @@ def test_vs_cleanrl_makes_the_two_gymnasium_1_edits_once_each_and_refuses_anothe
         vs.gymnasium_1_edits(script.replace(obs_before, "env = something_else(env)"))
 
 
+@needs("vla")
 def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start():
     """benchmarks/vla_rl.py: its behaviour-cloning, RL and control commands are accepted by bc.py's, the trainers'
     and dagger.py's Args (nothing is run); every run starts from its own seed's behaviour-cloned model; each row
@@ -631,6 +634,7 @@ def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
         assert heldout in HELDOUT_INSTRUCTIONS[tasks[trained]]
 
 
+@needs("vla")
 def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(tmp_path, monkeypatch):
     """benchmarks/vla_rl.py's paired final evaluation: a checkpoint holding the start's own weights scores exactly
     what the start scores, a checkpoint of another base is refused, and results are kept until a checkpoint
@@ -680,6 +684,7 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
+@needs("vla")
 def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, monkeypatch):
     """A planted last.pt whose unpickling calls os.system is refused in one line and runs nothing."""
     import torch

@@ -234,7 +234,6 @@ def test_ppo_ddp_checkpoint_exports_like_ppo_continuous(tmp_path):
 def test_a_vla_trainers_bins_and_chunks_are_decoded_in_the_exported_actor(tmp_path):
     """ppo_vla with a traceable policy (tests/toy_policies.py's ToyVLA): the file gives the most likely bin's centre
     for each of the chunk's K actions, [B, K, D], as the VLA trainers' deterministic evaluation."""
-    pytest.importorskip("peft")  # ToyVLA's bins come from examples.hf_vla (the vla extra)
     checkpoint = train(
         ppo_vla, tmp_path, env_id="PushCubeRL", policy="toy_policies:ToyVLA", action_head="bins", action_bins=5,
         action_chunk=2, num_envs=4, num_steps=4, num_minibatches=1, total_timesteps=32,

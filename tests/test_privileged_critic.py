@@ -16,6 +16,7 @@ import torch
 
 from cleanrl_embodied import ppo_continuous, ppo_ddp, shared
 from cleanrl_embodied.shared.envs.wrappers import flattens
+from tests.extras import needs
 
 REPO = Path(__file__).resolve().parents[1]
 PIXELS = {"obs_mode": "proprio+rgb", "image_size": 32, "privileged_state": True}
@@ -174,6 +175,7 @@ def test_ppo_vla_privileged_critic_values_from_the_privileged_entry_and_acts_wit
     assert str(e.value.code).startswith("error: --privileged-critic:") and "\n" not in str(e.value.code)
 
 
+@needs("vla")
 def test_the_hf_vla_policy_acts_on_observations_with_a_privileged_entry():
     from cleanrl_embodied import ppo_vla
     from examples.hf_vla import make_policy
