@@ -36,7 +36,7 @@ class ToyVLA(torch.nn.Module):
     """A stand-in for a VLA in the VLA trainers' tests (``--policy toy_policies:ToyVLA``), with no transformers in it:
     Tanh MLPs on the observation's float entries (images and instruction tokens are ignored), an actor over the
     action space the trainer gives (one action [D], or a chunk [K, D]) that is a Gaussian with a state-independent
-    log-std or, with ``--action-head bins``, examples.hf_vla's `Bins` over ``--action-bins`` bins per entry, and a
+    log-std or, with ``--action-head bins``, examples.action_bins' `Bins` over ``--action-bins`` bins per entry, and a
     separate critic. Its parts are named like the classic trainers' Agent (actor_mean, actor_logstd, actor_logits,
     critic)."""
 
@@ -90,7 +90,7 @@ class ToyVLA(torch.nn.Module):
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if not self.bins:
             return action
-        from examples.hf_vla.policy import decode_bins
+        from examples.action_bins import decode_bins
 
         return decode_bins(action, self.action_low, self.action_high, self.bins)
 
