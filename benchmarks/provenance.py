@@ -99,10 +99,13 @@ def git_commit() -> tuple[str, bool]:
     return sha, dirty
 
 
-def record(out_dir: Path, command: str, runs: list[str] | None = None, machine: dict | None = None) -> dict:
+def record(
+    out_dir: Path, command: str, runs: list[str] | None = None, machine: dict | None = None, git: dict | None = None
+) -> dict:
     """Write `out_dir`/provenance.json for a report measured now, by `command` (the command that measures it again),
-    from the runs `runs` (exact commands; default: `command` alone)."""
-    sha, dirty = git_commit()
+    from the runs `runs` (exact commands; default: `command` alone), on `machine` (`machine_info()`), at the commit
+    `git` ({"git_sha", "git_dirty"} as taken when the runs started; default: HEAD now)."""
+    sha, dirty = (git["git_sha"], git["git_dirty"]) if git else git_commit()
     runs = runs or [command]
     names = sorted({n for c in [command, *runs] for n in depends_on(c)})
     body = {

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import provenance
 import rlstats
 import tyro
 from benchlib import (
@@ -556,6 +557,7 @@ def main(args: Args) -> None:
         load_avg_end=machine_info()["load_avg_1_5_15"],
     )
     write_outputs(data, out, args.results_md, name)
+    provenance.record(out, invocation, [r["command"] for r in data["runs"]], data["machine"], data["git"])
 
 
 def progress_line(r: dict) -> str:

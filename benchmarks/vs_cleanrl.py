@@ -228,6 +228,7 @@ def main(args: Args) -> dict:
         f"uv run python benchmarks/vs_cleanrl.py --cleanrl-script <cleanrl>/ppo_continuous_action.py "
         f"--env-id {args.env_id} --total-timesteps {args.total_timesteps} --pairs {args.pairs} --skip {args.skip}"
     )
+    git = git_info()  # the code the runs ran
     with tempfile.TemporaryDirectory() as tmp:
         cleanrl_script = Path(tmp) / "ppo_continuous_action.py"
         cleanrl_script.write_text(gymnasium_1_edits(script.read_text()))
@@ -242,7 +243,7 @@ def main(args: Args) -> dict:
         "cleanrl_version": cleanrl_version(script),
         "machine": machine_info(),
         "versions": package_versions(),
-        "git": git_info(),
+        "git": git,
         "finished": time.time(),
     }
     out = Path(args.out)
@@ -252,7 +253,7 @@ def main(args: Args) -> dict:
         shell_command(commands(args, Path("runs"), name, "<edited copy>/ppo_continuous_action.py"), THREADS)
         for name in ("ours", "cleanrl")
     ]
-    provenance.record(out, command, runs, data["machine"])
+    provenance.record(out, command, runs, data["machine"], data["git"])
     text = report(data)
     print(text)
     if args.results_md:
