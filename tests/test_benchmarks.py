@@ -707,3 +707,17 @@ def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, mo
         vla_rl.final_eval(args, 1)
     assert str(e.value.code).startswith("error: ") and "not a readable checkpoint" in str(e.value.code)
     assert "\n" not in str(e.value.code) and not marker.exists()
+
+
+def test_bisect_numbers_finds_every_change_asking_few_commits():
+    bisect = importlib.import_module("bisect_numbers")
+    prints = list("aaaaabbbbbbbbbbcccccccccccccccccccdd")
+    asked = []
+
+    def at(i):
+        asked.append(i)
+        return prints[i]
+
+    assert bisect.change_points(at, len(prints)) == [5, 15, 34]
+    assert len(set(asked)) < len(prints) // 2
+    assert bisect.change_points(lambda i: "same", 40) == []
