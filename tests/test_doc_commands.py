@@ -120,8 +120,10 @@ def make_sandbox(root: Path) -> Path:
     (root / "cwd").mkdir()
     (root / "cwd" / "benchmarks").symlink_to(REPO / "benchmarks")
     stub = r"""#!/bin/sh
-{ printf '%s\037' "$PWD" "${0##*/}" "$@"; printf '\036'; } >> "$LOG"
-"""  # each argument ends with a unit separator, each command with a record separator
+record=$(printf '%s\037' "$PWD" "${0##*/}" "$@")
+printf '%s\036' "$record" >> "$LOG"
+"""  # each argument ends with a unit separator, each command with a record separator; one write per command, so
+    # that stubs running at once (a pipeline, a command in the background) never interleave their records
     for name in STUBS:
         (root / "bin" / name).write_text(stub)
         (root / "bin" / name).chmod(0o755)
