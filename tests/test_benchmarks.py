@@ -721,3 +721,25 @@ def test_bisect_numbers_finds_every_change_asking_few_commits():
     assert bisect.change_points(at, len(prints)) == [5, 15, 34]
     assert len(set(asked)) < len(prints) // 2
     assert bisect.change_points(lambda i: "same", 40) == []
+
+
+def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_running_them(tmp_path, capsys):
+    curves_at = importlib.import_module("curves_at")
+    results = tmp_path / "published"
+    results.mkdir()
+    runs = [
+        {"task": "T", "seed": s, "command": f"python cleanrl_embodied/ppo_continuous.py --seed {s}"} for s in (1, 2)
+    ]
+    (results / "runs.json").write_text(json.dumps({"runs": runs}))
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True).stdout.strip()
+    curve = {"charts/success_rate": [[100, 200, 300], [0.0, 0.5, 1.0]]}  # the proxy to step 200: 0.25
+    done = {f"{head}:{s}": {"curves": curve, "wall_s": 1.0} for s in (1, 2)}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "curves.json").write_text(json.dumps(done))
+    args = curves_at.Args(results=str(results), task="T", commits=("HEAD",), seeds=(1, 2), until_step=200, out=str(out))
+    curves_at.main(args)
+    report = (out / "report.md").read_text()
+    assert "| 0.250 | 0.250 | **0.250** |" in report and json.loads((out / "provenance.json").read_text())["commit"]
+    with pytest.raises(SystemExit, match="--task/--seeds"):
+        curves_at.main(curves_at.Args(results=str(results), task="T", seeds=(3,), out=str(out)))
