@@ -818,7 +818,7 @@ def test_demo_chunks_hold_the_expert_actions_of_the_same_episode():
 
 
 def test_bins_decode_to_centres_inside_the_bounds():
-    from examples.hf_vla.policy import decode_bins
+    from examples.action_bins import decode_bins
 
     low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 10.0])
     index = torch.tensor([[0.0, 0.0], [255.0, 255.0], [127.0, 128.0]])
