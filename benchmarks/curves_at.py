@@ -16,6 +16,7 @@ report's provenance.json. A finished (commit, seed) is read from curves.json ins
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ class Args:
     commits: tuple[str, ...] = ("HEAD",)
     """the commits to run the commands at (anything `git rev-parse` takes)"""
     seeds: tuple[int, ...] = (1, 2, 3)
-    """the seeds (each must be in runs.json)"""
+    """the seeds (one runs.json does not have runs its first run's command with this --seed)"""
     until_step: int = 256_000
     """stop each run once it has logged this env step"""
     metric: str = "charts/success_rate"
@@ -93,8 +94,13 @@ def proxy(curves: dict, metric: str, until_step: int) -> float:
 def main(args: Args) -> dict:
     published = json.loads((Path(args.results) / "runs.json").read_text())
     runs = {r["seed"]: r for r in published["runs"] if r["task"] == args.task}
-    if not runs or not set(args.seeds) <= set(runs):
-        sys.exit(f"error: --task/--seeds: {args.results} has seeds {sorted(runs)} of {args.task!r}")
+    if not runs:
+        sys.exit(f"error: --task: {args.results} has no run of {args.task!r}")
+    first = runs[min(runs)]
+    for seed in set(args.seeds) - set(runs):  # the same command with another seed
+        tokens = shlex.split(first["command"])
+        tokens[tokens.index("--seed") + 1] = str(seed)
+        runs[seed] = {**first, "seed": seed, "command": shlex.join(tokens)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "curves.json"
