@@ -740,6 +740,11 @@ def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_runni
     args = curves_at.Args(results=str(results), task="T", commits=("HEAD",), seeds=(1, 2), until_step=200, out=str(out))
     curves_at.main(args)
     report = (out / "report.md").read_text()
-    assert "| 0.250 | 0.250 | **0.250** |" in report and json.loads((out / "provenance.json").read_text())["commit"]
+    assert "| 0.250 | 0.250 | **0.250** ± 0.000 (n=2) |" in report
+    assert json.loads((out / "provenance.json").read_text())["commit"]
+    # a seed curves.json lacks, not run: shown as such, the mean over the seeds there are
+    no_runs = curves_at.Args(**{**vars(args), "seeds": (1, 2, 3), "run_missing": False})
+    curves_at.main(no_runs)
+    assert "| 0.250 | 0.250 | – | **0.250** ± 0.000 (n=2) |" in (out / "report.md").read_text()
     with pytest.raises(SystemExit, match="--task: .* has no run of 'U'"):
         curves_at.main(curves_at.Args(results=str(results), task="U", out=str(out)))

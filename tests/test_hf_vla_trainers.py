@@ -165,6 +165,7 @@ def ddp_worker(out: Path) -> None:
             kwargs = json.dumps({**POLICY, "gradient_checkpointing": fsdp})
             ppo_vla_ddp.main(vla_args("ppo_vla_ddp", out / name, fsdp=fsdp, total_timesteps=2 * 4 * 4 * 2,
                                       policy_kwargs=kwargs))  # fmt: skip
+        dist.barrier()  # leave together (rank 0 may still be writing; see tests/torchrun.py)
     finally:
         shared.inference_copy = original
         dist.destroy_process_group()

@@ -75,6 +75,7 @@ def worker(out_dir: Path) -> None:
     # main joins the group that exists
     half_way = next((out_dir / "runs").iterdir()) / "checkpoints" / "iter_000003.pt"
     ddp.main(ddp.Args(output_dir=str(out_dir / "resumed"), resume=str(half_way), **RUN))
+    dist.barrier()  # leave together (rank 0 may still be writing; see tests/torchrun.py)
     dist.destroy_process_group()
 
 

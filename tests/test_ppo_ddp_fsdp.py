@@ -44,6 +44,7 @@ def worker(out_dir: Path) -> None:
                   action_head="gaussian")  # fmt: skip
     out = ddp.main(ddp.Args(output_dir=str(out_dir / "frozen"), fsdp=True, **frozen))
     torch.save(out["model"], out_dir / f"frozen_model_{rank}.pt")
+    dist.barrier()  # rank 1 would otherwise tear its end down while rank 0 still evaluates (see tests/torchrun.py)
     dist.destroy_process_group()
 
 

@@ -174,8 +174,10 @@ def worker(out_dir: Path, stopped_last: Path) -> None:
     resumed from its last.pt."""
     rank = int(os.environ["RANK"])
     ppo_ddp.main(ppo_ddp.Args(output_dir=str(out_dir / "straight"), **DDP))  # makes and ends torchrun's group
+    (out_dir / f"left_{rank}").write_text(repr(time.time()))  # when this rank got out of its run
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
     ppo_ddp.main(ppo_ddp.Args(output_dir=str(out_dir / "resumed"), resume=str(stopped_last), **DDP))
+    dist.barrier()  # leave together (rank 0 may still be writing; see tests/torchrun.py)
     dist.destroy_process_group()
 
 
@@ -206,6 +208,10 @@ def test_ppo_ddp_sigterm_through_torchrun_stops_both_ranks_once_and_resumes_bit_
     straight = torch.load(next((tmp_path / "straight").iterdir()) / "checkpoints" / "last.pt", weights_only=True)
     resumed = torch.load(next((tmp_path / "resumed").iterdir()) / "checkpoints" / "last.pt", weights_only=True)
     assert straight["global_step"] == ITERATIONS * 160
+    # rank 1 left its process group only once rank 0 had written its last files (summary.json last): a rank that
+    # tears its end down early can abort in gloo's teardown, and torchrun then kills rank 0 mid-write
+    summary = next((tmp_path / "straight").iterdir()) / "summary.json"
+    assert float((tmp_path / "left_1").read_text()) >= summary.stat().st_mtime
     assert_same_state(straight, resumed)
     assert torch.equal(straight["other_ranks"][0]["next_obs"], resumed["other_ranks"][0]["next_obs"])
     same_point = next((tmp_path / "straight").iterdir()) / "checkpoints" / f"iter_{stopped['iteration']:06d}.pt"

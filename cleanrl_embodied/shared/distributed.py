@@ -53,11 +53,17 @@ def _join(backend: str, cuda: bool, timeout_s: int, create: bool) -> tuple[torch
 def process_group(backend: str, cuda: bool, timeout_s: int) -> Iterator[tuple[torch.device, str]]:
     """Yield (this rank's device, backend) inside torchrun's process group, or a world of one without torchrun
     (a caller that set a group up itself keeps it). An error from a collective (a peer died, stalled past
-    ``timeout_s``, or the network failed) becomes one line naming this rank; the group is destroyed at exit."""
+    ``timeout_s``, or the network failed) becomes one line naming this rank; the group is destroyed at exit, once
+    every rank has got there (a run that ends normally; a stop or an error leaves at once)."""
     own_group = not dist.is_initialized()
     rank = int(os.environ.get("RANK", 0))
     try:
         yield _join(backend, cuda, timeout_s, create=own_group)
+        if own_group and dist.get_world_size() > 1:
+            # Every rank leaves together. Rank 0 still evaluates and writes last.pt when the others are done; a rank
+            # that destroyed its group and exited meanwhile could die in gloo's teardown (SIGABRT, seen under load),
+            # and torchrun would then stop rank 0 in the middle of its writes.
+            dist.barrier()
     except RuntimeError as e:
         tb = e.__traceback__
         while tb.tb_next is not None:
