@@ -7,10 +7,11 @@
 Each (commit, seed) runs the published command of that task and seed (runs.json; `--output-dir` replaced) with this
 environment's interpreter in a temporary git worktree of the commit (the repository itself is untouched), one thread,
 and is stopped with Ctrl-C once it has logged `--until-step` (it saves and exits cleanly), so its learning-rate
-schedule is the full run's. Written to `--out`: curves.json (every scalar curve of every run), a report.md table of
-the proxy `--metric` averaged over each run's first `--until-step` env steps (by default the training success rate:
-all of a run's training episodes, far less noisy than an evaluation of 64 episodes) with each commit's mean, and the
-report's provenance.json. A finished (commit, seed) is read from curves.json instead of run again.
+schedule is the full run's. Written to `--out`: curves.json (the training and evaluation success and return curves
+of every run), a report.md table of the proxy `--metric` averaged over each run's first `--until-step` env steps (by
+default the training success rate: all of a run's training episodes, far less noisy than an evaluation of 64
+episodes) with each commit's mean, and the report's provenance.json. A finished (commit, seed) is read from
+curves.json instead of run again.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Args:
     """runs at a time (one thread each)"""
     out: str = "docs/results/curves-at"
     """folder for curves.json, report.md and provenance.json"""
+    run_missing: bool = True
+    """run the (commit, seed) pairs curves.json does not have; with --no-run-missing the report shows them as not run
+    and a commit's mean is over the seeds it has"""
 
 
 def git(*argv: str) -> str:
@@ -80,7 +84,8 @@ def run_at(commit: str, run: dict, until_step: int) -> dict:
                 sys.exit(
                     f"error: {commit[:10]} seed {run['seed']}: no scalars ({(Path(tmp) / 'log').read_text()[-300:]})"
                 )
-            curves = {tag: [s, v] for tag, (s, v) in read_scalars(events[0].parent).items()}
+            kept = ("charts/success_rate", "charts/episodic_return", "eval/success_rate", "eval/episodic_return")
+            curves = {tag: [s, v] for tag, (s, v) in read_scalars(events[0].parent).items() if tag in kept}
             return {"curves": curves, "wall_s": round(time.time() - start, 1)}
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
@@ -106,7 +111,7 @@ def main(args: Args) -> dict:
     path = out / "curves.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
     commits = {c: git("rev-parse", c) for c in args.commits}
-    plan = [(c, s) for s in args.seeds for c in commits.values() if f"{c}:{s}" not in done]
+    plan = [(c, s) for s in args.seeds for c in commits.values() if f"{c}:{s}" not in done and args.run_missing]
 
     def one(item):
         commit, seed = item
@@ -120,10 +125,15 @@ def main(args: Args) -> dict:
             path.write_text(json.dumps(done))
     rows = []
     for name, commit in commits.items():
-        values = [proxy(done[f"{commit}:{s}"]["curves"], args.metric, args.until_step) for s in args.seeds]
+        values = [
+            proxy(done[key]["curves"], args.metric, args.until_step) if key in done else None
+            for key in (f"{commit}:{s}" for s in args.seeds)
+        ]
+        had = [v for v in values if v is not None]
+        mean = f"**{np.mean(had):.3f}** ± {np.std(had):.3f} (n={len(had)})" if had else "not run"
         subject = git("log", "-1", "--format=%s", commit)[:70]
-        rows.append([f"`{commit[:10]}` ({name})", subject, *(f"{v:.3f}" for v in values), f"**{np.mean(values):.3f}**"])
-    header = ["commit", "what it is", *(f"seed {s}" for s in args.seeds), "mean"]
+        rows.append([f"`{commit[:10]}` ({name})", subject, *("–" if v is None else f"{v:.3f}" for v in values), mean])
+    header = ["commit", "what it is", *(f"seed {s}" for s in args.seeds), "mean ± std over seeds"]
     command = "uv run python benchmarks/curves_at.py " + " ".join(sys.argv[1:])
     text = (
         f"# {args.metric}, mean over the first {args.until_step:,} env steps, by commit\n\n"
