@@ -120,7 +120,8 @@ def start_command(args: Args, mode: str, k: int, seed: int) -> list[str]:
             "--base", str(Path(args.runs_dir) / "pretrain" / LAYOUT[mode]),
             "--demos", str(demos_file(args, mode, seed)),
             "--k", str(k), "--seed", str(seed), "--steps", str(args.fewshot_steps),
-            "--out", str(cell_dir(args, mode, k) / f"start_s{seed}"), "--eval-episodes", "256"]  # fmt: skip
+            "--out", str(cell_dir(args, mode, k) / f"start_s{seed}"), "--eval-episodes", "256",
+            "--eval-every", "100"]  # fmt: skip
 
 
 def row_command(args: Args, mode: str, k: int, row: str, seed: int, minutes: float | None = None) -> list[str]:
@@ -129,7 +130,8 @@ def row_command(args: Args, mode: str, k: int, row: str, seed: int, minutes: flo
     budget = "<the seed's mean RL CPU minutes>" if minutes is None else f"{minutes:.3f}"
     if row == "sft":
         return [sys.executable, str(REPO / "examples/hf_vla/fewshot.py"), "--start", start, "--out", out,
-                "--cpu-minutes", budget, "--seed", str(seed), "--eval-episodes", "256"]  # fmt: skip
+                "--cpu-minutes", budget, "--seed", str(seed), "--eval-episodes", "256",
+                "--eval-every", "1000"]  # fmt: skip
     if row == "dagger":
         return [sys.executable, str(REPO / "examples/hf_vla/dagger.py"), "--model-path", start, "--out", out,
                 "--cpu-minutes", budget, "--seed", str(seed)]  # fmt: skip
@@ -304,6 +306,12 @@ def collect(args: Args) -> dict:
                     if found is not None:
                         steps, values = read_scalars(found).get("eval/success_rate", ([], []))
                         entry["curves"][row] = {"steps": steps, "success": values}
+                for what in ("start", "sft"):  # the few-shot SFT's success against its Adam steps
+                    file = cell_dir(args, mode, k) / f"{what}_s{seed}" / "fewshot.json"
+                    if file.is_file():
+                        points = [c for c in json.loads(file.read_text())["curve"] if "success_rate" in c]
+                        entry["curves"][what] = {"steps": [c["step"] for c in points],
+                                                 "success": [c["success_rate"] for c in points]}  # fmt: skip
                 if entry["final_eval"]:
                     seeds[str(seed)] = entry
             cells[f"{mode} K={k}"] = {"mode": mode, "k": k, "seeds": seeds}
@@ -449,7 +457,7 @@ def plot(data: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "vla_fewshot.png", dpi=110)
         plt.close(fig)
-    fig, axes = plt.subplots(1, len(cells) + 1, figsize=(4 * (len(cells) + 1), 3.5), squeeze=False)
+    fig, axes = plt.subplots(2, len(cells) + 1, figsize=(4 * (len(cells) + 1), 7), squeeze=False)
     if data["pretrain"]:
         curve = [c for c in data["pretrain"]["curve"] if "success_rate" in c]
         ax = axes[0][0]
@@ -457,6 +465,19 @@ def plot(data: dict, out: Path) -> None:
         ax.set_title("pretraining: proprio_rgb on its tasks", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1)
+    axes[1][0].axis("off")
+    for ax, cell in zip(axes[1][1:], cells):  # SFT: the start's steps, then the control's after them
+        for i, entry in enumerate(cell["seeds"].values()):
+            start, more = entry["curves"].get("start"), entry["curves"].get("sft")
+            steps = (start["steps"] if start else []) + [s + (start["steps"][-1] if start and start["steps"] else 0)
+                                                        for s in (more["steps"] if more else [])]  # fmt: skip
+            values = (start["success"] if start else []) + (more["success"] if more else [])
+            ax.plot(steps, values, "o-", color="C0", alpha=0.6, ms=3, label="few-shot SFT" if not i else None)
+        ax.set_title(f"SFT on the K demos, {cell['mode']}, K = {cell['k']}", fontsize=9)
+        ax.set_xlabel("Adam steps (the start's, then the control's)")
+        ax.set_xscale("symlog", linthresh=500)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
     for ax, cell in zip(axes[0][1:], cells):
         for row, color in (("grpo", "C2"), ("ppo", "C3")):
             for i, entry in enumerate(cell["seeds"].values()):

@@ -17,7 +17,7 @@ pretraining held out (the start RL fine-tunes), and the same training continued 
    with replacement, each sample augmented afresh (``--state-noise``: Gaussian noise on the state, in units of the
    statistics' scale; ``--image-shift``: the images moved by up to that many pixels, edges repeated), the learning
    rate annealed linearly to 0 over ``--steps``, or over ``--cpu-minutes`` of this process's CPU time (a budget:
-   the control gets the CPU time of the RL runs it is compared with).
+   the control gets the CPU time of the RL runs it is compared with); ``--eval-every`` adds a success curve.
 4. ``--out``: ``save_pretrained`` and ``fewshot.json`` (what the start was made of, its deterministic success on
    ``--eval-episodes`` fresh episodes of the demonstrations' env, the loss curve, CPU minutes). DAgger
    (``dagger.py --model-path``) and the RL trainers start from it.
@@ -86,6 +86,11 @@ class Args:
     """JSON run options of make_policy (lora_rank, lora_alpha, lora_targets, init_seed)"""
     eval_episodes: int = 128
     """episodes of the final evaluation"""
+    eval_every: int = 0
+    """also evaluate every this many steps on --curve-episodes (the success curve; its CPU time is not charged to
+    --cpu-minutes; 0: only at the end)"""
+    curve_episodes: int = 64
+    """episodes of each evaluation of the curve"""
     num_eval_envs: int = 64
     """parallel evaluation envs"""
     save_every: int = 100
@@ -118,9 +123,9 @@ def setup(args: Args) -> tuple[dict, str, dict, dict]:
     """Check the arguments; ``(the recipe: base, demos, k, augmentation; the model directory to load; the demos
     samples; their meta)``, each refusal one line."""
     check_args(args, positive=("k", "steps", "batch_size", "learning_rate", "eval_episodes", "num_eval_envs",
-                               "save_every", "cpu_minutes"),
-               non_negative=("seed", "state_noise", "image_shift"), sizes=(), json_objects=("policy_kwargs",),
-               files=("resume",), env_id=False)  # fmt: skip
+                               "save_every", "cpu_minutes", "curve_episodes"),
+               non_negative=("seed", "state_noise", "image_shift", "eval_every"), sizes=(),
+               json_objects=("policy_kwargs",), files=("resume",), env_id=False)  # fmt: skip
     if (args.base is None) == (args.start is None):
         fail("give one of --base (a pretrain.py output) and --start (a fewshot.py output)")
     unknown = sorted(set(json.loads(args.policy_kwargs)) - set(RUN_KWARGS) - {"model_path"})
@@ -220,6 +225,14 @@ def main(args: Args) -> dict:
             optimizer.step()
             if step % 25 == 0:
                 curve.append({"step": step, "loss": loss.item(), "cpu_s": time.process_time() - train_start})
+            if args.eval_every and step % args.eval_every == 0:
+                evaluation_start = time.process_time()
+                with torch.no_grad():
+                    result = evaluate_policy(policy.eval(), eval_env, args.curve_episodes, eval_seed)
+                policy.train()
+                train_start += time.process_time() - evaluation_start  # (not charged to the budget)
+                curve.append({"step": step, "success_rate": result["success_rate"],
+                              "cpu_s": time.process_time() - train_start})  # fmt: skip
             if stop.requested or step % args.save_every == 0:
                 save_checkpoint()
             if stop.requested:
