@@ -464,6 +464,7 @@ def plot(data: dict, out: Path) -> None:
         ax.plot([c["step"] for c in curve], [c["success_rate"] for c in curve], "o-")
         ax.set_title("pretraining: proprio_rgb on its tasks", fontsize=9)
         ax.set_xlabel("step")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
         ax.set_ylim(0, 1)
     axes[1][0].axis("off")
     for ax, cell in zip(axes[1][1:], cells):  # SFT: the start's steps, then the control's after them
@@ -475,7 +476,6 @@ def plot(data: dict, out: Path) -> None:
             ax.plot(steps, values, "o-", color="C0", alpha=0.6, ms=3, label="few-shot SFT" if not i else None)
         ax.set_title(f"SFT on the K demos, {cell['mode']}, K = {cell['k']}", fontsize=9)
         ax.set_xlabel("Adam steps (the start's, then the control's)")
-        ax.set_xscale("symlog", linthresh=500)
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
     for ax, cell in zip(axes[0][1:], cells):
