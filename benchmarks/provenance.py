@@ -45,9 +45,12 @@ SCRIPT_FINGERPRINTS = {
     "bc": ["hf_vla"],
     "dagger": ["hf_vla"],
     "pretrain": ["hf_vla"],
+    "demos": ["env-PushCubeLangRL"],
+    "fewshot": ["hf_vla"],
     # benchmark drivers: what the runs they start depend on
     "run": [],  # its runs' own commands are recorded
     "vla_rl": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL"],
+    "vla_fewshot": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL"],
     "vs_cleanrl": ["ppo_continuous"],
     "speed": ["ppo_continuous", "env-PushCubeRL"],
     "update_vs": ["ppo_continuous"],

@@ -748,3 +748,63 @@ def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_runni
     assert "| 0.250 | 0.250 | – | **0.250** ± 0.000 (n=2) |" in (out / "report.md").read_text()
     with pytest.raises(SystemExit, match="--task: .* has no run of 'U'"):
         curves_at.main(curves_at.Args(results=str(results), task="U", out=str(out)))
+
+
+@needs("vla")
+def test_vla_fewshot_commands_parse_with_the_scripts_and_start_from_the_pretraining_and_the_seeds_start():
+    """benchmarks/vla_fewshot.py: its pretraining, demonstrations, few-shot, RL, control and oracle commands are
+    accepted by the scripts' Args (nothing is run); the start reads the pretraining output of its observation mode
+    and its seed's demonstrations, every row starts from the seed's start, and the RL rows run on the target (the
+    held-out diagonal tasks through the pretraining's window) with a 0/1 reward."""
+    fs = importlib.import_module("vla_fewshot")
+    pretrain, demos, fewshot = (importlib.import_module(f"examples.hf_vla.{m}") for m in ("pretrain", "demos",
+                                                                                            "fewshot"))  # fmt: skip
+    dagger = importlib.import_module("examples.hf_vla.dagger")
+    args = fs.Args(runs_dir="/tmp/vf", seeds=(2,))
+    assert tyro.cli(pretrain.Args, args=fs.pretrain_command(args)[2:]).out == "/tmp/vf/pretrain"
+    recorded = tyro.cli(demos.Args, args=fs.demos_command(args, "proprio+rgb", 2)[2:])
+    target = json.loads(recorded.env_kwargs)
+    assert recorded.seed == 2 and recorded.per_task == 10 and recorded.out == "/tmp/vf/proprio_rgb/demos_s2.pt"
+    assert target["tasks"] == list(pretrain.HELDOUT_TASKS) and target["obs_mode"] == "proprio+rgb"
+    assert target["view_tasks"] == list(pretrain.Args().view_tasks)
+    start = tyro.cli(fewshot.Args, args=fs.start_command(args, "state+rgb", 1, 2)[2:])
+    assert start.base == "/tmp/vf/pretrain/state_rgb" and start.demos == "/tmp/vf/state_rgb/demos_s2.pt"
+    assert start.k == 1 and start.seed == 2 and start.out == "/tmp/vf/state_rgb/k1/start_s2"
+    for row in ("grpo", "ppo"):
+        cmd = fs.row_command(args, "proprio+rgb", 10, row, 2)
+        parsed = tyro.cli(importlib.import_module(f"cleanrl_embodied.{fs.ROWS[row][1]}").Args, args=cmd[2:])
+        assert json.loads(parsed.policy_kwargs) == {"model_path": "/tmp/vf/proprio_rgb/k10/start_s2"}
+        env_kwargs = json.loads(parsed.env_kwargs)
+        assert env_kwargs["reward_weights"]["success"] == 1 and env_kwargs["tasks"] == target["tasks"]
+        assert parsed.seed == 2 and parsed.total_timesteps == args.timesteps
+    control = tyro.cli(fewshot.Args, args=fs.row_command(args, "proprio+rgb", 10, "sft", 2, 6.5)[2:])
+    assert control.start == "/tmp/vf/proprio_rgb/k10/start_s2" and control.cpu_minutes == 6.5 and control.base is None
+    oracle = tyro.cli(dagger.Args, args=fs.row_command(args, "proprio+rgb", 10, "dagger", 2, 6.5)[2:])
+    assert oracle.model_path == control.start and oracle.cpu_minutes == 6.5 and oracle.seed == 2
+    with pytest.raises(SystemExit, match="--rows / --obs-modes nope"):
+        fs.main(fs.Args(rows=("grpo", "nope")))
+    with pytest.raises(SystemExit, match="--ks 11: each K must be 1..--per-task"):
+        fs.main(fs.Args(ks=(11,)))
+
+
+@needs("vla")
+def test_vla_fewshot_report_pairs_rows_with_the_seeds_control_and_states_the_goal():
+    """The report's differences to the control are within a seed; the goal line says whether RL beats the control
+    by >= 0.15 at K = 1 on proprio+rgb with the interval above 0, and whether the start is above 0.2."""
+    fs = importlib.import_module("vla_fewshot")
+
+    def result(train, heldout):
+        return {"train": {"success_rate": train}, "heldout": {"success_rate": heldout}}
+
+    values = {"1": (0.3, 0.8, 0.4), "2": (0.25, 0.7, 0.3), "3": (0.2, 0.9, 0.5)}  # start, grpo, sft
+    seeds = {s: {"final_eval": {"start": result(a, 0.1), "grpo": result(b, 0.2), "sft": result(c, 0.1)},
+                 "times": {}, "curves": {}} for s, (a, b, c) in values.items()}  # fmt: skip
+    data = {"cells": {"proprio+rgb K=1": {"mode": "proprio+rgb", "k": 1, "seeds": seeds}}, "pretrain": None,
+            "pretrain_time": None, "missing": [("state+rgb", 1, 1, "start")], "commands": ["x"],
+            "rows": ["grpo", "sft"], "timesteps": 1000, "final_eval_episodes": 8, "fewshot_steps": 10}  # fmt: skip
+    text = fs.report(data)
+    grpo = next(line for line in text.split("\n") if line.startswith("| GRPO |"))
+    diff = [0.8 - 0.4, 0.7 - 0.3, 0.9 - 0.5]
+    assert f"| {fs.vla_rl.signed(diff)} |" in grpo
+    assert "start 0.25 (above 0.2)" in text and "GRPO - control +0.40 ± 0.00 (met)" in text
+    assert "Not run: state+rgb K=1 seed 1 start" in text

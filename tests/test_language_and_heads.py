@@ -74,7 +74,7 @@ def test_heldout_instructions_keep_the_starts_and_tasks_and_draw_a_paraphrase_pe
     texts = decode_instructions(b["instruction"])
     assert all(t in HELDOUT_INSTRUCTIONS[names[k]] for t, k in zip(texts, info_b["task_id"].tolist()))
     assert not set(texts) & {text for _, text in TASKS.values()}
-    assert set(texts) == {t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases}  # all 12 among 64
+    assert set(texts) == {t for name in names for t in HELDOUT_INSTRUCTIONS[name]}  # all 12 among 64
     raw = heldout.unwrapped if hasattr(heldout, "unwrapped") else heldout
     while not hasattr(raw, "state_dict"):
         raw = raw.env

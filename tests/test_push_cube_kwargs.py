@@ -16,6 +16,7 @@ TERMS = "reach, place, success, time, action_rate, action_magnitude"
 PARAMETERS = "cube_half_size, push_friction, obs_noise_std, action_noise_std"
 OBS_MODES = "'state' or 'dict' or 'rgb' or 'proprio+rgb' or 'state+rgb'"
 POSITIVE, NON_NEGATIVE = "a number > 0", "a number >= 0"
+ALL_TASKS = "forward, left, back, right, forward_left, forward_right, back_left, back_right"
 CASES = {  # kwarg: (bad value, what the message must say it allows)
     "num_envs": (0, "a positive integer"),
     "max_episode_steps": (0, "an integer >= 1"),
@@ -51,7 +52,8 @@ CASES = {  # kwarg: (bad value, what the message must say it allows)
     "image_size": (0, "a positive integer or (height, width) of positive integers"),
     "obs_cameras": ("wrist", "['top'] or ['wrist'] or ['top', 'wrist'] (the cameras of the image observations)"),
     "privileged_state": ("yes", "true or false"),
-    "tasks": (["up"], "null or a list of distinct task names from forward, left, back, right"),
+    "tasks": (["up"], f"null or a list of distinct task names from {ALL_TASKS}"),
+    "view_tasks": (["up"], f"null or a list of distinct task names from {ALL_TASKS}"),
     "instruction_length": (8, "an integer >= 26 (bytes of the longest instruction)"),
     "instructions": ("test", '"train" or "heldout"'),
 }

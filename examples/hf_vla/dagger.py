@@ -7,11 +7,13 @@ control that says what RL fine-tuning adds beyond spending the same compute on i
 DAgger (Ross, Gordon and Bagnell 2011): the learner drives, the expert labels the states the learner reaches, and
 the learner is trained on everything labelled so far. Here:
 
-1. The start: ``--model-path`` (a ``bc.py`` output), loaded as the RL trainers load it (fresh zero-effect LoRA
-   adapters on the merged backbone, its heads, its dataset statistics, which stay as they are, as in RL).
-2. The aggregate dataset begins with the start's own demonstrations, recorded again from the arguments in its
-   ``bc_eval.json`` (same seed, noise and episodes: the same samples). This stands in for reading them from disk
-   and is not charged to the budget.
+1. The start: ``--model-path`` (a ``bc.py`` or a ``fewshot.py`` output), loaded as the RL trainers load it (fresh
+   zero-effect LoRA adapters on the merged backbone, its heads, its dataset statistics, which stay as they are, as
+   in RL).
+2. The aggregate dataset begins with the start's own demonstrations: a ``bc.py`` start's recorded again from the
+   arguments in its ``bc_eval.json`` (same seed, noise and episodes: the same samples), which stands in for reading
+   them from disk and is not charged to the budget; a ``fewshot.py`` start's K per task read from its
+   demonstrations file. The rollouts run in the start's env (a few-shot start's: its demonstrations' env).
 3. Rounds, until this process has used ``--cpu-minutes`` of CPU time (``time.process_time``, one thread with
    ``OMP_NUM_THREADS=1``; from the end of step 2 to the last update): the policy acts for ``--round-steps`` steps
    in ``--num-envs`` envs (``--rollout-actions``: its deterministic action, the one evaluation scores, or a sample),
@@ -42,13 +44,14 @@ from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from examples.hf_vla.bc import bc_loss, collect_demos, evaluate_policy
+from examples.hf_vla.demos import load_demos
 from examples.hf_vla.policy import make_policy
 
 
 @dataclass
 class Args:
     model_path: str
-    """the behaviour-cloned start: a bc.py --out directory (with its bc_eval.json)"""
+    """the start: a bc.py --out directory (with its bc_eval.json) or a fewshot.py one (with its fewshot.json)"""
     out: str = "runs/hf_vla_dagger"
     """directory the final policy is saved to (save_pretrained), with dagger.json"""
     cpu_minutes: float = 5.0
@@ -88,29 +91,44 @@ def label_rollout(policy, env, obs, steps: int, rollout_actions: str):
     return torch.stack(observations).reshape(-1), labels.reshape(-1, 1, labels.shape[-1]), obs
 
 
+def start_data(model_path: str):
+    """``(env id, env options, the head's flags, the start's seed, (its demonstrations' observations [S], their
+    targets [S, 1, D]))`` of a bc.py or fewshot.py output; one line when it is neither."""
+    fewshot, bc = Path(model_path, "fewshot.json"), Path(model_path, "bc_eval.json")
+    if fewshot.is_file():
+        report = json.loads(fewshot.read_text())
+        recipe = report["recipe"]
+        samples, _ = load_demos(recipe["demos"], recipe["k"], flag=f"--model-path {model_path}: its demonstrations")
+        bins = json.loads(Path(model_path, "vla_config.json").read_text())["action_bins"]
+        head = SimpleNamespace(action_head="bins", action_bins=bins, action_chunk=1)
+        data = (samples["obs"], samples["actions"].unsqueeze(1))
+        return report["env_id"], report["env_kwargs"], head, report["args"]["seed"], data
+    if not bc.is_file():
+        fail(f"--model-path {model_path}: no bc_eval.json or fewshot.json (a bc.py or fewshot.py --out directory "
+             "is expected)")  # fmt: skip
+    bc_args = json.loads(bc.read_text())["args"]
+    if bc_args["action_chunk"] != 1:
+        fail(f"--model-path {model_path}: action_chunk {bc_args['action_chunk']}; DAgger here labels one action")
+    env_kwargs = json.loads(bc_args["env_kwargs"])
+    head = SimpleNamespace(action_head=bc_args["action_head"], action_bins=bc_args["action_bins"], action_chunk=1)
+    demo_env = make_env(bc_args["env_id"], num_envs=bc_args["num_envs"], seed=bc_args["seed"], **env_kwargs)
+    obs, targets, _ = collect_demos(demo_env, bc_args["demo_episodes"], bc_args["seed"], 1, bc_args["demo_noise"])
+    demo_env.close()
+    return bc_args["env_id"], env_kwargs, head, bc_args["seed"], (obs, targets)
+
+
 def main(args: Args) -> dict:
     for name in ("cpu_minutes", "num_envs", "round_steps", "updates_per_round", "batch_size", "learning_rate",
                  "eval_episodes", "num_eval_envs"):  # fmt: skip
         if not getattr(args, name) > 0:
             fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    start_file = Path(args.model_path, "bc_eval.json")
-    if not start_file.is_file():
-        fail(f"--model-path {args.model_path}: no bc_eval.json (a bc.py --out directory is expected)")
-    bc_args = json.loads(start_file.read_text())["args"]
-    if bc_args["action_chunk"] != 1:
-        fail(f"--model-path {args.model_path}: action_chunk {bc_args['action_chunk']}; DAgger here labels one action")
     torch.manual_seed(args.seed)
     wall_start = time.time()
-    env_kwargs = json.loads(bc_args["env_kwargs"])
-    env = make_env(bc_args["env_id"], num_envs=args.num_envs, seed=args.seed + 20_000, **env_kwargs)
-    eval_seed = bc_args["seed"] + 10_000  # bc.py's evaluation episodes: the start's score is comparable
-    eval_env = make_env(bc_args["env_id"], num_envs=args.num_eval_envs, seed=eval_seed, **env_kwargs)
-    head = SimpleNamespace(action_head=bc_args["action_head"], action_bins=bc_args["action_bins"], action_chunk=1)
+    env_id, env_kwargs, head, start_seed, (obs, targets) = start_data(args.model_path)
+    env = make_env(env_id, num_envs=args.num_envs, seed=args.seed + 20_000, **env_kwargs)
+    eval_seed = start_seed + 10_000  # bc.py's and fewshot.py's evaluation episodes: the start's score is comparable
+    eval_env = make_env(env_id, num_envs=args.num_eval_envs, seed=eval_seed, **env_kwargs)
     policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=args.model_path)
-
-    demo_env = make_env(bc_args["env_id"], num_envs=bc_args["num_envs"], seed=bc_args["seed"], **env_kwargs)
-    obs, targets, _ = collect_demos(demo_env, bc_args["demo_episodes"], bc_args["seed"], 1, bc_args["demo_noise"])
-    demo_env.close()
     all_obs, all_targets = obs, targets  # the aggregate dataset
     demo_samples = len(targets)
 

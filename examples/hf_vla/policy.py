@@ -676,7 +676,7 @@ class HFVLAPolicy(nn.Module):
 
 # ---- the factory ------------------------------------------------------------------------------------------------
 ARCHITECTURE_KWARGS = ("model_type", "hidden_size", "num_layers", "num_heads", "intermediate_size", "patch_size",
-                       "scale_factor")  # fmt: skip
+                       "scale_factor", "tokenizer_corpus")  # fmt: skip
 PATCH_SIZE = {"paligemma": 16, "smolvlm": 8, "idefics3": 8}  # a fresh model's default patch size
 HEAD_KWARGS = ("prompt_format", "instruction", "head_hidden", "init_logstd", "train_action_tokens", "action_tokens",
                "cameras")  # fmt: skip
@@ -729,6 +729,9 @@ def _check_kwargs(kwargs: dict[str, Any]) -> None:
             "--policy-kwargs: lora_targets must be a regex string, 'all-linear' or a list of module names, "
             f"got {targets!r}"
         )
+    corpus = kwargs.get("tokenizer_corpus", [""])
+    if not (isinstance(corpus, list) and corpus and all(isinstance(t, str) for t in corpus)):
+        fail(f"--policy-kwargs: tokenizer_corpus must be a non-empty list of instructions, got {corpus!r}")
     for name in ("train_action_tokens", "gradient_checkpointing"):
         if not isinstance(kwargs.get(name, True), bool):
             fail(f"--policy-kwargs: {name} must be true or false, got {kwargs[name]!r}")
@@ -894,7 +897,8 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
     family in ``FAMILIES``), with LoRA adapters and heads for this env's spaces and the trainer's
     ``--action-head/--action-bins/--action-chunk``. ``--policy-kwargs`` keys (docs/VLA.md): architecture
     (``model_type``, ``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``patch_size``,
-    ``scale_factor``: fresh builds only),
+    ``scale_factor``; ``tokenizer_corpus``: the instructions the fresh tokenizer learns its words from, default
+    ``default_corpus``; fresh builds only),
     heads (``prompt_format``, ``instruction``, ``head_hidden``, ``init_logstd``, ``train_action_tokens``,
     ``action_tokens``: the action-token convention, ``action_tokens.CONVENTIONS``; ``cameras``: the image entries in
     the order of their image tokens, default all of them sorted; all fixed by a saved VLA),
@@ -925,11 +929,14 @@ def make_policy(obs_space: gym.Space, act_space: gym.Space, args, **kwargs) -> H
         if model_path is None:
             arch = {k: kwargs[k] for k in ARCHITECTURE_KWARGS if k in kwargs}
             model_type = arch.pop("model_type", "paligemma")
+            texts = arch.pop("tokenizer_corpus", None)
             family = FAMILIES[model_type]
             config = VLAConfig(model_type=model_type, prompt_suffix=family.prompt_suffix,
                                image_resample=family.image_resample, image_mean=list(family.image_mean),
                                image_std=list(family.image_std), **env, **config_kwargs)  # fmt: skip
-            tokenizer = build_tokenizer(default_corpus(config.prompt_format), config.action_bins, family.markers)
+            corpus = default_corpus(config.prompt_format) if texts is None else [
+                config.prompt_format.format(instruction=text) for text in texts]  # fmt: skip
+            tokenizer = build_tokenizer(corpus, config.action_bins, family.markers)
             special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
             size = config.image_size
             patch = arch.setdefault("patch_size", PATCH_SIZE[model_type])

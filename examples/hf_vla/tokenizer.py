@@ -24,7 +24,7 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, TASKS
+from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TASKS, TASKS
 from cleanrl_embodied.shared.language import decode_instructions
 
 __all__ = ["SPECIAL_TOKENS", "PromptCache", "build_tokenizer", "default_corpus"]
@@ -35,9 +35,11 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<image>", "<act>")
 
 
 def default_corpus(prompt_format: str) -> list[str]:
-    """What the tokenizer learns its merges from: the built-in language tasks' instructions and their held-out
-    paraphrases (``HELDOUT_INSTRUCTIONS``, which no training run shows the policy) in the prompt."""
-    texts = [text for _, text in TASKS.values()] + [t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases]
+    """What the tokenizer learns its merges from: PushCubeLangRL's four tasks' instructions (``LANG_TASKS``) and their
+    held-out paraphrases (``HELDOUT_INSTRUCTIONS``, which no training run shows the policy) in the prompt. (The
+    diagonal tasks of ``TASKS`` are left out: a fresh model's vocabulary stays what it was before they existed;
+    pretrain.py builds its tokenizer from its own corpus.)"""
+    texts = [TASKS[name][1] for name in LANG_TASKS] + [t for name in LANG_TASKS for t in HELDOUT_INSTRUCTIONS[name]]
     return [prompt_format.format(instruction=text) for text in texts]
 
 

@@ -101,6 +101,12 @@ TASKS = {
     "left": (0.5 * math.pi, "push the cube to the left"),
     "back": (math.pi, "push the cube back"),
     "right": (-0.5 * math.pi, "push the cube to the right"),
+    # the diagonals: tasks PushCubeLangRL does not draw unless ``tasks`` names them (e.g. a target task that a
+    # policy pretrained on the others has not seen, examples/hf_vla/pretrain.py)
+    "forward_left": (0.25 * math.pi, "push the cube forward and left"),
+    "forward_right": (-0.25 * math.pi, "push the cube forward and right"),
+    "back_left": (0.75 * math.pi, "push the cube back and left"),
+    "back_right": (-0.75 * math.pi, "push the cube back and right"),
 }
 LANG_TASKS = ("forward", "left", "back", "right")  # PushCubeLangRL's default
 # Paraphrases of each task's instruction that no training run shows the policy (``instructions="heldout"``): the
@@ -111,7 +117,12 @@ HELDOUT_INSTRUCTIONS = {
     "left": ("move the cube to the left", "shove the block left", "slide the box leftward"),
     "back": ("move the cube back", "shove the block back", "slide the box backward"),
     "right": ("move the cube to the right", "shove the block right", "slide the box rightward"),
-}
+    "forward_left": ("move the cube forward and left", "shove the block forward left", "slide the box ahead leftward"),
+    "forward_right": ("move the cube forward and right", "shove the block forward right",
+                      "slide the box ahead rightward"),
+    "back_left": ("move the cube back and left", "shove the block back left", "slide the box backward leftward"),
+    "back_right": ("move the cube back and right", "shove the block back right", "slide the box backward rightward"),
+}  # fmt: skip
 INSTRUCTION_SETS = ("train", "heldout")
 DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observation
 
@@ -119,7 +130,7 @@ DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observatio
 # mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
 # noise, rewards, episode ends, goals, render()'s camera) may change (shared/checkpoints.py).
 INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "obs_cameras",
-                    "cube_dynamics", "base_pos", "tasks", "instruction_length")  # fmt: skip
+                    "cube_dynamics", "base_pos", "tasks", "instruction_length", "view_tasks")  # fmt: skip
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -338,6 +349,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         instruction_length: int = DEFAULT_INSTRUCTION_LENGTH,
         instructions: str = "train",
         privileged_state: bool = False,
+        view_tasks: Sequence[str] | None = None,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
@@ -401,6 +413,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             privileged_state: image modes only: the observation also holds the "state" mode's vector (the cube's
                 and the goal's poses included) under "privileged" (``shared.PRIVILEGED_KEY``), for a critic
                 that sees what the simulator knows (``--privileged-critic``); an actor never reads it.
+            view_tasks: names of ``TASKS`` whose goal regions the top camera's window covers (rgb modes); None: the
+                env's own tasks (or its ``goal_direction``). Envs with other tasks see the table through the same
+                window when they name the same ``view_tasks`` (e.g. a target task and the tasks a policy was
+                pretrained on; the four of ``LANG_TASKS`` give PushCubeLangRL's window).
         """
         ranges = _check_args(locals())
         self.num_envs = int(num_envs)
@@ -501,7 +517,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         for key, value in self._sample_start_state().items():
             setattr(self, key, value)
         if self._images:
-            self._setup_obs_camera(directions or [goal_direction])
+            view = [TASKS[name][0] for name in view_tasks] if view_tasks is not None else directions
+            self._setup_obs_camera(view or [goal_direction])
 
     # ------------------------------------------------------------------ spaces
     def _build_spaces(self) -> None:
@@ -1513,9 +1530,18 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
             fail("tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
         if args["goal_direction"] != 0.0:
             raise ValueError("PushCubeRL: give tasks or goal_direction, not both (each task has its own direction)")
+    view = args["view_tasks"]
+    if view is not None and (
+        not isinstance(view, (list, tuple))
+        or not view
+        or not all(isinstance(t, str) and t in TASKS for t in view)
+        or len(set(view)) != len(view)
+    ):
+        fail("view_tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
     if args["instructions"] not in INSTRUCTION_SETS:
         fail("instructions", " or ".join(f'"{name}"' for name in INSTRUCTION_SETS))
-    texts = [text for _, text in TASKS.values()] + [t for phrases in HELDOUT_INSTRUCTIONS.values() for t in phrases]
+    names = tasks or LANG_TASKS  # the instructions this env can show (its tasks', PushCubeLangRL's by default)
+    texts = [TASKS[name][1] for name in names] + [t for name in names for t in HELDOUT_INSTRUCTIONS[name]]
     longest = max(len(text.encode()) for text in texts)
     if not _is_int(args["instruction_length"]) or args["instruction_length"] < longest:
         fail("instruction_length", f"an integer >= {longest} (bytes of the longest instruction)")
