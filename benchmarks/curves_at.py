@@ -54,6 +54,10 @@ class Args:
     """runs at a time (one thread each)"""
     out: str = "docs/results/curves-at"
     """folder for curves.json, report.md and provenance.json"""
+    pool: tuple[str, ...] = ()
+    """groups of commits pooled as one learner (NAME=COMMIT,COMMIT; e.g. commits whose env and update compute the same
+    thing and differ only in their random numbers): each group's runs, mean and std, and its difference to the first
+    group with a 95% Welch t-interval"""
     run_missing: bool = True
     """run the (commit, seed) pairs curves.json does not have; with --no-run-missing the report shows them as not run
     and a commit's mean is over the seeds it has"""
@@ -89,6 +93,51 @@ def run_at(commit: str, run: dict, until_step: int) -> dict:
             return {"curves": curves, "wall_s": round(time.time() - start, 1)}
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+
+
+T_975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
+"""Student t's two-sided 95% quantile for 1..30 degrees of freedom (above 30: 1.96 is within 4%; 2.042 is used)."""
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float]:
+    """mean(b) - mean(a) and the half-width of its 95% Welch t-interval (degrees of freedom rounded down)."""
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    diff = float(np.mean(b) - np.mean(a))
+    if va + vb == 0:
+        return diff, 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return diff, float(T_975[min(max(int(df + 1e-9), 1), 30) - 1] * np.sqrt(va + vb))
 
 
 def proxy(curves: dict, metric: str, until_step: int) -> float:
@@ -134,11 +183,37 @@ def main(args: Args) -> dict:
         subject = git("log", "-1", "--format=%s", commit)[:70]
         rows.append([f"`{commit[:10]}` ({name})", subject, *("–" if v is None else f"{v:.3f}" for v in values), mean])
     header = ["commit", "what it is", *(f"seed {s}" for s in args.seeds), "mean ± std over seeds"]
+    pooled = []
+    for group in args.pool:
+        name, _, members = group.partition("=")
+        shas = [git("rev-parse", c) for c in members.split(",")]
+        values = [proxy(done[f"{c}:{s}"]["curves"], args.metric, args.until_step)
+                  for c in shas for s in args.seeds if f"{c}:{s}" in done]  # fmt: skip
+        if len(values) < 2:
+            sys.exit(f"error: --pool {group}: fewer than 2 finished runs in this group")
+        pooled.append((name, members, values))
+    pool_text = ""
+    if pooled:
+        rows_p = []
+        for name, members, values in pooled:
+            diff = ""
+            if name != pooled[0][0]:
+                d, half = welch(pooled[0][2], values)
+                diff = f"{d:+.3f} ± {half:.3f}"
+            rows_p.append(
+                [name, members, str(len(values)), f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}", diff]
+            )
+        pool_text = (
+            "\nPooled (runs of the commits of a group taken as one learner; mean ± std over runs; the difference to "
+            "the first group ± its 95% Welch t-interval):\n\n"
+            + md_table(["group", "commits", "runs", "mean ± std", f"difference to {pooled[0][0]}"], rows_p)
+            + "\n"
+        )
     command = "uv run python benchmarks/curves_at.py " + " ".join(sys.argv[1:])
     text = (
         f"# {args.metric}, mean over the first {args.until_step:,} env steps, by commit\n\n"
         f"The published commands of `{args.task}` in `{args.results}` (512k-step schedules, stopped at "
-        f"{args.until_step:,}), at each commit. Command: `{command}`\n\n" + md_table(header, rows) + "\n"
+        f"{args.until_step:,}), at each commit. Command: `{command}`\n\n" + md_table(header, rows) + "\n" + pool_text
     )
     (out / "report.md").write_text(text)
     provenance.record(out, command, [runs[s]["command"] for s in args.seeds], machine_info())

@@ -723,6 +723,14 @@ def test_bisect_numbers_finds_every_change_asking_few_commits():
     assert bisect.change_points(lambda i: "same", 40) == []
 
 
+def test_curves_at_welch_interval_is_students_for_equal_groups():
+    """Two groups of 5 with equal variance: Welch's degrees of freedom are 8, the half-width t(0.975, 8) x SE."""
+    curves_at = importlib.import_module("curves_at")
+    a, b = [0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.4, 0.5, 0.6, 0.7]
+    diff, half = curves_at.welch(a, b)
+    assert diff == pytest.approx(0.2) and half == pytest.approx(2.306 * (2 * 0.025 / 5) ** 0.5)
+
+
 def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_running_them(tmp_path, capsys):
     curves_at = importlib.import_module("curves_at")
     results = tmp_path / "published"
@@ -746,6 +754,11 @@ def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_runni
     no_runs = curves_at.Args(**{**vars(args), "seeds": (1, 2, 3), "run_missing": False})
     curves_at.main(no_runs)
     assert "| 0.250 | 0.250 | – | **0.250** ± 0.000 (n=2) |" in (out / "report.md").read_text()
+    # commits pooled as one learner: a group of one commit against itself differs by 0 (an interval of 0 width)
+    curves_at.main(curves_at.Args(**{**vars(args), "pool": ("a=HEAD", "b=HEAD")}))
+    assert "| b | HEAD | 2 | 0.250 ± 0.000 | +0.000 ± 0.000 |" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="--pool a=HEAD: fewer than 2"):
+        curves_at.main(curves_at.Args(**{**vars(args), "seeds": (1,), "pool": ("a=HEAD",)}))
     with pytest.raises(SystemExit, match="--task: .* has no run of 'U'"):
         curves_at.main(curves_at.Args(results=str(results), task="U", out=str(out)))
 
