@@ -360,7 +360,7 @@ def cell_table(data: dict, cell: dict) -> str:
 
 
 def goal_line(data: dict) -> str:
-    """The issue's goal: RL beats the control by >= 0.15 at K = 1 on proprio+rgb with the interval above 0, and the
+    """The experiment's goal: RL beats the control by >= 0.15 at K = 1 on proprio+rgb with the interval above 0, and the
     pretrained base lifts the proprio+rgb start above 0.2."""
     cell = data["cells"].get("proprio+rgb K=1")
     if not cell or not cell["seeds"]:
