@@ -179,7 +179,11 @@ def main(args: Args) -> dict:
             for key in (f"{commit}:{s}" for s in args.seeds)
         ]
         had = [v for v in values if v is not None]
-        mean = f"**{np.mean(had):.3f}** ± {np.std(had):.3f} (n={len(had)})" if had else "not run"
+        mean = (
+            f"**{np.mean(had):.3f}** ± {np.std(had, ddof=1) if len(had) > 1 else 0:.3f} (n={len(had)})"
+            if had
+            else "not run"
+        )
         subject = git("log", "-1", "--format=%s", commit)[:70]
         rows.append([f"`{commit[:10]}` ({name})", subject, *("–" if v is None else f"{v:.3f}" for v in values), mean])
     header = ["commit", "what it is", *(f"seed {s}" for s in args.seeds), "mean ± std over seeds"]
