@@ -30,13 +30,10 @@ RL runs' evaluations and the pretraining's), `runs.json`, `provenance.json`; and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import provenance
@@ -150,30 +147,13 @@ def row_command(args: Args, mode: str, k: int, row: str, seed: int, minutes: flo
     return command + ["--num-steps", "50", "--gamma", "0.99", "--gae-lambda", "0.95"]
 
 
-def time_file(args: Args, name: str) -> Path:
-    return Path(args.runs_dir) / f"{name}.time.json"
-
-
 def recorded(args: Args, name: str) -> dict | None:
-    path = time_file(args, name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The CPU and wall seconds and the command of a finished run (vla_rl.run's time file), or None."""
+    return vla_rl.recorded(Path(args.runs_dir), name)
 
 
 def run(args: Args, name: str, cmd: list[str]) -> dict:
-    """Run ``cmd`` (one thread), its output to ``<name>.log``; record its CPU (``os.wait4``) and wall seconds."""
-    log = Path(args.runs_dir) / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
-    start = time.time()
-    with log.open("w") as f:
-        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise RuntimeError(f"{shell_command(cmd)} exited {os.waitstatus_to_exitcode(status)}; see {log}")
-    record = {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.time() - start, "command": shell_command(cmd)}
-    time_file(args, name).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{name}: {record['cpu_s'] / 60:.1f} CPU min, {record['wall_s'] / 60:.1f} wall min", flush=True)
-    return record
+    return vla_rl.run(Path(args.runs_dir), name, cmd)
 
 
 def name(mode: str, k: int | None, what: str, seed: int | None = None) -> str:
@@ -200,7 +180,7 @@ def run_all(args: Args) -> None:
             "command": shell_command(pretrain_command(args)),
             "from": "pretrain.json",
         }
-        time_file(args, "pretrain").write_text(json.dumps(record, indent=1) + "\n")
+        vla_rl.time_file(Path(args.runs_dir), "pretrain").write_text(json.dumps(record, indent=1) + "\n")
     if recorded(args, "pretrain") is None:
         run(args, "pretrain", pretrain_command(args))
     for k in args.ks:
@@ -240,12 +220,6 @@ def paired_env(args: Args, mode: str, seed: int, instructions: str):
 def final_eval(args: Args, mode: str, k: int, seed: int) -> dict:
     """The start and every finished row (an RL run's ``checkpoints/last.pt`` on the start, a saved model) on the
     same episodes, training words and held-out paraphrases, deterministic; cached while the files are unchanged."""
-    import torch
-
-    from cleanrl_embodied.shared.checkpoints import load_model_state
-    from examples.hf_vla import make_policy
-    from examples.hf_vla.bc import evaluate_policy
-
     start = cell_dir(args, mode, k) / f"start_s{seed}"
     if not (start / "fewshot.json").is_file():
         return {}
@@ -262,27 +236,8 @@ def final_eval(args: Args, mode: str, k: int, seed: int) -> dict:
     kept = json.loads(cache.read_text()) if cache.is_file() else {"key": {}, "results": {}}
     same = kept.get("episodes") == args.final_eval_episodes
     results = {n: r for n, r in kept["results"].items() if same and kept["key"].get(n) == key.get(n)}
-    head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
     envs = {which: paired_env(args, mode, seed, which) for which in ("train", "heldout")}
-    torch.set_num_threads(1)
-    for source, (model_dir, ckpt) in sources.items():
-        if source in results:
-            continue
-        env = envs["train"][0]
-        policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(model_dir))
-        if ckpt is not None:
-            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
-                state = torch.load(ckpt, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
-                sys.exit(f"error: {ckpt}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
-            load_model_state(policy, state, "checkpoint", str(ckpt))
-        with torch.no_grad():
-            results[source] = {w: evaluate_policy(policy.eval(), e, args.final_eval_episodes, s)
-                               for w, (e, s) in envs.items()}  # fmt: skip
-        print(f"{mode} K={k} seed {seed} {source}: success {results[source]['train']['success_rate']:.3f} (train), "
-              f"{results[source]['heldout']['success_rate']:.3f} (held out)", flush=True)  # fmt: skip
-    for env, _ in envs.values():
-        env.close()
+    vla_rl.evaluate_sources(sources, envs, args.final_eval_episodes, results, f"{mode} K={k} seed {seed}")
     cache.write_text(json.dumps({"key": key, "episodes": args.final_eval_episodes, "results": results}, indent=1))
     return results
 

@@ -148,13 +148,14 @@ def row_command(args: Args, row: str, seed: int, dagger_minutes: float | None = 
     return command + extra
 
 
-def time_file(args: Args, name: str) -> Path:
-    return runs_dir(args) / f"{name}.time.json"
+def time_file(runs: Path, name: str) -> Path:
+    return runs / f"{name}.time.json"
 
 
-def run(args: Args, name: str, cmd: list[str]) -> dict:
-    """Run ``cmd`` (one thread), its output to ``<name>.log``; record its CPU and wall seconds in the time file."""
-    log = runs_dir(args) / f"{name}.log"
+def run(runs: Path, name: str, cmd: list[str]) -> dict:
+    """Run ``cmd`` (one thread), its output to ``runs/<name>.log``; record its CPU (``os.wait4``) and wall seconds in
+    its time file (vla_fewshot.py runs its commands with this too)."""
+    log = runs / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
     start = time.time()
@@ -165,20 +166,20 @@ def run(args: Args, name: str, cmd: list[str]) -> dict:
     if process.returncode:
         raise RuntimeError(f"{shell_command(cmd)} exited {process.returncode}; its output is in {log}")
     record = {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.time() - start, "command": shell_command(cmd)}
-    time_file(args, name).write_text(json.dumps(record, indent=1) + "\n")
+    time_file(runs, name).write_text(json.dumps(record, indent=1) + "\n")
     print(f"{name}: {record['cpu_s'] / 60:.1f} CPU min, {record['wall_s'] / 60:.1f} wall min", flush=True)
     return record
 
 
-def recorded(args: Args, name: str) -> dict | None:
-    path = time_file(args, name)
+def recorded(runs: Path, name: str) -> dict | None:
+    path = time_file(runs, name)
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def dagger_budget(args: Args, seed: int) -> float:
     if args.dagger_cpu_minutes is not None:
         return args.dagger_cpu_minutes
-    times = [recorded(args, f"{row}_s{seed}") for row in ("grpo", "ppo")]
+    times = [recorded(runs_dir(args), f"{row}_s{seed}") for row in ("grpo", "ppo")]
     if any(t is None for t in times):
         sys.exit(f"error: seed {seed}: the control's budget needs the grpo and ppo runs (or --dagger-cpu-minutes)")
     return float(np.mean([t["cpu_s"] for t in times])) / 60
@@ -201,8 +202,8 @@ def run_all(args: Args) -> None:
         jobs[name] = pool.submit(go)
 
     def command_job(name: str, needs: list[str], make_cmd) -> None:
-        if recorded(args, name) is None:
-            job(name, needs, lambda: run(args, name, make_cmd()))
+        if recorded(runs_dir(args), name) is None:
+            job(name, needs, lambda: run(runs_dir(args), name, make_cmd()))
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         for seed in args.seeds:
@@ -239,16 +240,42 @@ def paired_env(args: Args, seed: int, instructions: str):
     return make_env("PushCubeLangRL", num_envs=args.final_eval_episodes, seed=reset_seed, **options), reset_seed
 
 
-def final_eval(args: Args, seed: int) -> dict:
-    """The start and every finished row's final policy (an RL run's ``checkpoints/last.pt``, the control's saved
-    model) on the same episodes, with the training instructions and with the held-out paraphrases; deterministic
-    actions (argmax bins). Cached in ``final_eval_s<seed>.json`` while the files are unchanged."""
+def evaluate_sources(sources: dict, envs: dict, episodes: int, results: dict, label: str) -> dict:
+    """Each source not yet in ``results`` (name -> (model directory, RL checkpoint on it or None)), loaded as
+    ``--policy-kwargs '{"model_path": ...}'`` loads it, evaluated deterministically on each of ``envs`` (which ->
+    (vector env, reset seed)); the results are added to ``results`` and the envs closed."""
     import torch
 
     from cleanrl_embodied.shared.checkpoints import load_model_state
     from examples.hf_vla import make_policy
     from examples.hf_vla.bc import evaluate_policy
 
+    head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
+    torch.set_num_threads(1)
+    for name, (model_dir, ckpt) in sources.items():
+        if name in results:
+            continue
+        env = next(iter(envs.values()))[0]
+        policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(model_dir))
+        if ckpt is not None:
+            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
+                state = torch.load(ckpt, map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
+                sys.exit(f"error: {ckpt}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
+            load_model_state(policy, state, "checkpoint", str(ckpt))
+        with torch.no_grad():
+            results[name] = {w: evaluate_policy(policy.eval(), e, episodes, s) for w, (e, s) in envs.items()}
+        print(f"{label} {name}: " + ", ".join(f"{r['success_rate']:.3f} ({w})" for w, r in results[name].items()),
+              flush=True)  # fmt: skip
+    for env, _ in envs.values():
+        env.close()
+    return results
+
+
+def final_eval(args: Args, seed: int) -> dict:
+    """The start and every finished row's final policy (an RL run's ``checkpoints/last.pt``, the control's saved
+    model) on the same episodes, with the training instructions and with the held-out paraphrases; deterministic
+    actions (argmax bins). Cached in ``final_eval_s<seed>.json`` while the files are unchanged."""
     bc_dir = runs_dir(args) / f"bc_s{seed}"
     sources = {"bc": (bc_dir, None)}
     for row in args.rows:
@@ -266,27 +293,8 @@ def final_eval(args: Args, seed: int) -> dict:
     # a policy's result is kept while its file is unchanged; rows not asked for this time keep theirs too
     results = {n: r for n, r in kept["results"].items() if n in old_key and old_key[n] == key.get(n, old_key[n])}
     key = {**{n: k for n, k in old_key.items() if n in results}, **key}
-    head = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
     envs = {which: paired_env(args, seed, which) for which in ("train", "heldout")}
-    torch.set_num_threads(1)
-    for name, (model_dir, ckpt) in sources.items():
-        if name in results:
-            continue
-        env = envs["train"][0]
-        policy = make_policy(env.single_observation_space, env.single_action_space, head, model_path=str(model_dir))
-        if ckpt is not None:
-            try:  # weights_only: a checkpoint is data; a pickle that would run code is refused, not run
-                state = torch.load(ckpt, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
-                sys.exit(f"error: {ckpt}: not a readable checkpoint ({type(e).__name__}); it is not evaluated")
-            load_model_state(policy, state, "checkpoint", str(ckpt))
-        with torch.no_grad():
-            results[name] = {w: evaluate_policy(policy.eval(), e, args.final_eval_episodes, s)
-                             for w, (e, s) in envs.items()}  # fmt: skip
-        print(f"seed {seed} {name}: success {results[name]['train']['success_rate']:.3f} (train), "
-              f"{results[name]['heldout']['success_rate']:.3f} (held out)", flush=True)  # fmt: skip
-    for env, _ in envs.values():
-        env.close()
+    evaluate_sources(sources, envs, args.final_eval_episodes, results, f"seed {seed}")
     cache.write_text(json.dumps({"key": key, "results": results}, indent=1) + "\n")
     return results
 
@@ -299,7 +307,7 @@ def collect(args: Args) -> dict:
             continue
         entry = {"bc_success": json.loads(bc_file.read_text())["eval"]["success_rate"], "times": {}, "curves": {}}
         for name in ["bc", *args.rows]:
-            t = recorded(args, f"{name}_s{seed}")
+            t = recorded(runs_dir(args), f"{name}_s{seed}")
             if t is not None:
                 entry["times"][name] = {"cpu_s": t["cpu_s"], "wall_s": t["wall_s"]}
         for row in args.rows:
@@ -317,7 +325,7 @@ def collect(args: Args) -> dict:
         seeds[str(seed)] = entry
 
     def command(name: str, cmd: list[str]) -> str:  # as it was run (the control's budget filled in), or will be
-        done = recorded(args, name)
+        done = recorded(runs_dir(args), name)
         return done["command"] if done else shell_command(cmd, {"OMP_NUM_THREADS": "1"})
 
     commands = {

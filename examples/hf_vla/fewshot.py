@@ -49,7 +49,7 @@ from cleanrl_embodied.shared.runtime import StopFlag
 from examples.hf_vla.bc import bc_loss, evaluate_policy
 from examples.hf_vla.demos import load_demos
 from examples.hf_vla.policy import RUN_KWARGS, HFVLAPolicy, make_policy
-from examples.hf_vla.pretrain import MARKER
+from examples.hf_vla.pretrain import MARKER, load_resume, recorded_args
 
 REPORT = "fewshot.json"
 SAME_ENV = ("obs_mode", "image_size", "action_mode", "obs_cameras", "view_tasks")  # what the base was trained to see
@@ -162,17 +162,7 @@ def main(args: Args) -> dict:
     recipe, model_dir, samples, meta = setup(args)
     cpu_start, wall_start = time.process_time(), time.time()
     out = Path(args.out)
-    ckpt = None
-    if args.resume:
-        try:
-            ckpt = torch.load(args.resume, map_location="cpu", weights_only=True)
-            same = {k: v for k, v in ckpt["args"].items() if k not in ("steps", "resume", "out")}
-        except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
-            fail(f"--resume {args.resume}: not a fewshot.py checkpoint ({type(e).__name__})")
-        mine = {k: v for k, v in dataclasses.asdict(args).items() if k in same}
-        if mine != same:
-            fail(f"--resume {args.resume}: written with other arguments "
-                 f"({', '.join(sorted(k for k in same if mine.get(k) != same[k]))}); pass the same")  # fmt: skip
+    ckpt = load_resume(args, "fewshot.py") if args.resume else None
     torch.manual_seed(args.seed)
     env_kwargs = {k: v for k, v in meta["env_kwargs"].items()}
     eval_seed = args.seed + 10_000
@@ -204,7 +194,7 @@ def main(args: Args) -> dict:
     def save_checkpoint() -> None:
         atomic_save({"step": step, "model": model_state(policy), "frozen": frozen_fingerprint(policy),
                      "optimizer": optimizer.state_dict(), "generator": generator.get_state(), "curve": curve,
-                     "cpu_s": time.process_time() - train_start, "args": dataclasses.asdict(args)},
+                     "cpu_s": time.process_time() - train_start, "args": recorded_args(args)},
                     out / "checkpoint.pt")  # fmt: skip
 
     def progress() -> float:

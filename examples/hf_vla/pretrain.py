@@ -259,22 +259,33 @@ def evaluate_layouts(args: Args, policies: dict[str, HFVLAPolicy], which: list[s
     return results
 
 
+def recorded_args(args) -> dict:
+    """The arguments a checkpoint records, in JSON's types (tuples as lists), so that a resumed run compares like."""
+    return json.loads(json.dumps(dataclasses.asdict(args)))
+
+
+def load_resume(args, script: str) -> dict:
+    """``--resume``'s checkpoint (pretrain.py's or fewshot.py's): refused in one line when it is not readable or was
+    written with other arguments than ``--steps``, ``--resume`` and ``--out``."""
+    try:
+        ckpt = torch.load(args.resume, map_location="cpu", weights_only=True)
+        same = {k: v for k, v in ckpt["args"].items() if k not in ("steps", "resume", "out")}
+    except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
+        fail(f"--resume {args.resume}: not a {script} checkpoint ({type(e).__name__})")
+    mine = {k: v for k, v in recorded_args(args).items() if k in same}
+    if mine != same:
+        differ = sorted(k for k in same if mine.get(k) != same[k])
+        fail(f"--resume {args.resume}: written with other arguments ({', '.join(differ)}); pass the same")
+    return ckpt
+
+
 def main(args: Args) -> dict:
     check(args)
     cpu_start, wall_start = time.process_time(), time.time()
     torch.manual_seed(args.seed)
     out = Path(args.out)
-    ckpt = None
-    if args.resume:
-        try:
-            ckpt = torch.load(args.resume, map_location="cpu", weights_only=True)
-            same = {k: v for k, v in ckpt["args"].items() if k not in ("steps", "resume", "out")}
-        except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
-            fail(f"--resume {args.resume}: not a pretrain.py checkpoint ({type(e).__name__})")
-        mine = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(args))).items() if k in same}
-        if mine != same:
-            differ = sorted(k for k in same if mine.get(k) != same[k])
-            fail(f"--resume {args.resume}: written with other arguments ({', '.join(differ)}); pass the same")
+    ckpt = load_resume(args, "pretrain.py") if args.resume else None
+    if ckpt is not None:
         if ckpt["step"] > args.steps:
             fail(f"--steps {args.steps}: {args.resume} is already at step {ckpt['step']}")
     corpus = record_corpus(args, ("top",), args.episodes, args.seed)
@@ -314,7 +325,7 @@ def main(args: Args) -> dict:
                      "probe": probe.state_dict(), "optimizer": optimizer.state_dict(),
                      "generator": generator.get_state(), "curve": curve,
                      "cpu_s": spent + time.process_time() - cpu_start,
-                     "args": json.loads(json.dumps(dataclasses.asdict(args)))}, out / "checkpoint.pt")  # fmt: skip
+                     "args": recorded_args(args)}, out / "checkpoint.pt")  # fmt: skip
 
     out.mkdir(parents=True, exist_ok=True)
     with StopFlag(print) as stop:
