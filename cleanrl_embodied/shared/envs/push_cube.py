@@ -1519,25 +1519,18 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
     for kwarg in ("goal_direction",):
         if not number(kwarg):
             fail(kwarg, "a finite number (radians)")
-    tasks = args["tasks"]
-    if tasks is not None:
-        if (
-            not isinstance(tasks, (list, tuple))
-            or not tasks
-            or not all(isinstance(t, str) and t in TASKS for t in tasks)
-            or len(set(tasks)) != len(tasks)
+    for kwarg in ("tasks", "view_tasks"):
+        names = args[kwarg]
+        if names is not None and (
+            not isinstance(names, (list, tuple))
+            or not names
+            or not all(isinstance(t, str) and t in TASKS for t in names)
+            or len(set(names)) != len(names)
         ):
-            fail("tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
-        if args["goal_direction"] != 0.0:
-            raise ValueError("PushCubeRL: give tasks or goal_direction, not both (each task has its own direction)")
-    view = args["view_tasks"]
-    if view is not None and (
-        not isinstance(view, (list, tuple))
-        or not view
-        or not all(isinstance(t, str) and t in TASKS for t in view)
-        or len(set(view)) != len(view)
-    ):
-        fail("view_tasks", f"null or a list of distinct task names from {', '.join(TASKS)}")
+            fail(kwarg, f"null or a list of distinct task names from {', '.join(TASKS)}")
+    tasks = args["tasks"]
+    if tasks is not None and args["goal_direction"] != 0.0:
+        raise ValueError("PushCubeRL: give tasks or goal_direction, not both (each task has its own direction)")
     if args["instructions"] not in INSTRUCTION_SETS:
         fail("instructions", " or ".join(f'"{name}"' for name in INSTRUCTION_SETS))
     names = tasks or LANG_TASKS  # the instructions this env can show (its tasks', PushCubeLangRL's by default)
