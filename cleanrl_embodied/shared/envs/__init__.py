@@ -15,7 +15,8 @@ id (its docstring has the table); each backend lives in its own file:
   current directory) works from the command line; then ``EnvId`` is served as above (:func:`resolve_env_id`).
 
 ``RANDOMIZATION_KWARGS`` names the env kwargs that randomize or disturb an env; the eval envs do not inherit them
-from ``--env-kwargs`` (``shared/cli.py``: ``env_kwargs_for``).
+from ``--env-kwargs`` (``shared/cli.py``: ``env_kwargs_for``). ``OBSERVATION_KWARGS`` names make_env's own options
+that change what a policy sees (``flatten_obs``, ``obs_indices``, ``obs_keys``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,17 @@ from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
     FlattenDictObservation,
     IntervalRandomization,
+    SelectObservation,
     flattens,
     make_gymnasium_env,
+    observation_indices,
+    observation_keys,
 )
 
 __all__ = [
     "BUILTIN_ENVS",
     "BUILTIN_ENV_IDS",
+    "OBSERVATION_KWARGS",
     "RANDOMIZATION_KWARGS",
     "check_env_id",
     "env_state_dict",
@@ -75,6 +80,10 @@ RANDOMIZATION_KWARGS = (
     "action_noise_std",
     "event_cube_shift_std",
 )
+
+# make_env's own options that change what a policy sees (for every env id): a checkpoint resumes or evaluates only
+# with the same values. Not randomization: the eval envs inherit them (see RANDOMIZATION_KWARGS).
+OBSERVATION_KWARGS = ("flatten_obs", "obs_indices", "obs_keys")
 
 
 def _builtin_vector_entry_point(entry_point: str):
@@ -199,6 +208,11 @@ def make_env(
     parameters every K steps (IntervalRandomization); ``info_keys``: info entries of Gymnasium sub-envs to pass
     on besides ``rewards`` and ``metrics`` (a list of names, or ``"all"``; see GymnasiumToTorch; EnvPool ids
     alike; the built-in tasks and ManiSkill pass all theirs).
+    Two more keep only part of the observation, for partially observed tasks (:class:`~.wrappers.SelectObservation`,
+    also on ``info["final_obs"]``): ``obs_keys``, entries of a Dict observation ('/'-joined key paths such as
+    ``"robot"`` or ``"object/cube_pos"``), applied before the flattening below, and ``obs_indices``, positions in a
+    flat Box observation (after any flattening), in the order given: e.g. Pendulum-v1 with ``obs_indices=[0, 1]``
+    sees cos and sin of its angle and not its velocity.
     ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
     (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
     (a uint8 ``[3, H, W]`` leaf): state stays a vector, pixels stay pixels.
@@ -213,19 +227,35 @@ def make_env(
         raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium and EnvPool ids; the other backends pass all entries
+    obs_indices, obs_keys = env_kwargs.pop("obs_indices", None), env_kwargs.pop("obs_keys", None)
+    if obs_indices is not None:  # (their types before an env is built; their values against its space below)
+        obs_indices = observation_indices(obs_indices)
+    if obs_keys is not None:
+        obs_keys = observation_keys(obs_keys)
+    flatten = False if obs_keys is not None else flatten_obs  # obs_keys: the backend keeps the Dict, flattened below
 
     if env_id in BUILTIN_ENVS:
         env = gym.make_vec(env_id, num_envs=num_envs, device=device, seed=seed, **env_kwargs)
-        if flattens(env.single_observation_space, flatten_obs):
+        if flattens(env.single_observation_space, flatten):
             env = FlattenDictObservation(env)
     elif maniskill.is_maniskill_id(env_id):
         env = maniskill.make_maniskill_env(
-            env_id, num_envs, device, seed, vectorization=vectorization, flatten_obs=flatten_obs, **env_kwargs
+            env_id, num_envs, device, seed, vectorization=vectorization, flatten_obs=flatten, **env_kwargs
         )
     elif vectorization == "envpool":
         env = envpool_backend.make_envpool_env(env_id, num_envs, device, seed, info_keys=info_keys, **env_kwargs)
     else:
-        env = make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten_obs, info_keys, **env_kwargs)
+        env = make_gymnasium_env(env_id, num_envs, device, seed, vectorization, flatten, info_keys, **env_kwargs)
+    try:
+        if obs_keys is not None:
+            env = SelectObservation(env, keys=obs_keys)
+            if flattens(env.single_observation_space, flatten_obs):
+                env = FlattenDictObservation(env)
+        if obs_indices is not None:
+            env = SelectObservation(env, indices=obs_indices)
+    except ValueError:
+        env.close()
+        raise
     if randomize_interval is not None:
         env = IntervalRandomization(env, randomize_interval)
     return env

@@ -11,6 +11,7 @@
 - :class:`RenderFirstEnv`, :class:`SafeRender`: ``render()`` gives the first sub-env's frame, or ``None`` with one
   warning, and never raises.
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
+- :class:`SelectObservation`: only the chosen entries of the observation (make_env's ``obs_indices``, ``obs_keys``).
 - :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device (torch envs).
 
 See ``docs/env-contract.md`` and ``docs/internals.md``.
@@ -149,6 +150,123 @@ class FlattenDictObservation(VectorWrapper):
         if "final_obs" in info:
             info["final_obs"] = flatten_obs(info["final_obs"])
         return flatten_obs(obs), reward, terminated, truncated, info
+
+
+def _key_paths(space: gym.spaces.Dict, prefix: tuple[str, ...] = ()) -> list[str]:
+    """Every entry of a nested Dict space (groups and leaves) as a '/'-joined key path, in the space's order."""
+    paths = []
+    for key, sub in space.spaces.items():
+        paths.append("/".join((*prefix, key)))
+        if isinstance(sub, gym.spaces.Dict):
+            paths.extend(_key_paths(sub, (*prefix, key)))
+    return paths
+
+
+def _select_space(space: gym.spaces.Dict, paths: list[tuple[str, ...]]) -> gym.spaces.Dict:
+    """The part of a nested Dict space that holds the entries at ``paths`` (their nesting kept, the space's order)."""
+    kept = {}
+    for key, sub in space.spaces.items():
+        if any(path == (key,) for path in paths):
+            kept[key] = sub
+        elif deeper := [path[1:] for path in paths if path[0] == key and len(path) > 1]:
+            kept[key] = _select_space(sub, deeper)
+    return gym.spaces.Dict(kept)
+
+
+def observation_indices(value: Any) -> list[int]:
+    """``obs_indices`` as a list of integers, or one ValueError line (the range is checked against the space)."""
+    ok = isinstance(value, (list, tuple)) and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+                                                  for i in value)  # fmt: skip
+    if not ok:
+        raise ValueError(f"obs_indices must be a list of integers (entries of the flat observation), got {value!r}")
+    return [int(i) for i in value]
+
+
+def observation_keys(value: Any) -> list[str]:
+    """``obs_keys`` as a list of key paths, or one ValueError line (the keys are checked against the space)."""
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(k, str) and k for k in value):
+        raise ValueError(
+            f"obs_keys must be a non-empty list of observation keys ('/'-joined paths, e.g. ['robot', "
+            f"'object/cube_pos']), got {value!r}"
+        )
+    if len(set(value)) != len(value):
+        raise ValueError(f"obs_keys must name each entry once, got {value!r}")
+    return list(value)
+
+
+class SelectObservation(VectorWrapper):
+    """Keeps only chosen entries of the observation (and of ``info["final_obs"]``): make_env's ``obs_indices`` and
+    ``obs_keys``, for partially observed tasks (POMDPs) on any env.
+
+    ``indices``: positions in a flat Box observation ``[N, D]``, in the order given (negative ones, repeats, ones
+    outside ``[0, D)`` and an empty list are refused); the Box's bounds are sliced alike. ``keys``: entries of a
+    Dict (TensorDict) observation as '/'-joined key paths (``"robot"``, ``"object/cube_pos"``); the kept part keeps
+    its nesting, and its Dict space is the matching part of the env's. Each refuses the other kind of observation,
+    and a bad value is one ValueError line. ``reset`` (options included: partial resets pass through, and
+    ``supports_partial_reset`` asks the env below), ``step`` and everything else pass through; it holds no state.
+    """
+
+    def __init__(self, env: VectorEnv, indices: Sequence[int] | None = None, keys: Sequence[str] | None = None):
+        super().__init__(env)
+        if (indices is None) == (keys is None):
+            raise ValueError("SelectObservation: give indices or keys")
+        space = env.single_observation_space
+        self._index = self._paths = None
+        if indices is not None:
+            indices = observation_indices(indices)
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+                if isinstance(space, gym.spaces.Dict):
+                    what = (f"a Dict ({', '.join(space.spaces)}); obs_keys keeps entries of a Dict, and "
+                            "flatten_obs=true flattens one first")  # fmt: skip
+                else:
+                    what = f"a {type(space).__name__} of shape {space.shape}"
+                raise ValueError(f"obs_indices selects entries of a flat Box observation; this one is {what}")
+            size = space.shape[0]
+            if not indices or len(set(indices)) != len(indices) or not all(0 <= i < size for i in indices):
+                raise ValueError(
+                    f"obs_indices must be a non-empty list of distinct integers in [0, {size - 1}] (the flat "
+                    f"observation has {size} entries), got {indices!r}"
+                )
+            self._index = torch.tensor(indices, dtype=torch.long)
+            self.single_observation_space = gym.spaces.Box(space.low[indices], space.high[indices], dtype=space.dtype)
+        else:
+            keys = observation_keys(keys)
+            if not isinstance(space, gym.spaces.Dict):
+                raise ValueError(
+                    f"obs_keys keeps entries of a Dict observation; this one is a {type(space).__name__} of shape "
+                    f"{space.shape} (obs_indices keeps entries of a flat vector)"
+                )
+            known = _key_paths(space)
+            unknown = [key for key in keys if key not in known]
+            if unknown:
+                raise ValueError(f"obs_keys: unknown key {unknown[0]!r}; the observation's keys are {', '.join(known)}")
+            paths = [tuple(key.split("/")) for key in keys]
+            for path in paths:  # an instruction's token ids and attention mask only make sense together
+                inside = [
+                    token for token in token_spaces(space) if len(path) > len(token) and path[: len(token)] == token
+                ]
+                if inside:
+                    raise ValueError(f"obs_keys: keep the instruction entry {'/'.join(inside[0])!r} whole")
+            self._paths = paths
+            self.single_observation_space = _select_space(space, paths)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+    def _select(self, obs):
+        if self._paths is not None:
+            return obs.select(*self._paths)
+        if self._index.device != obs.device:  # (moved once, at the first observation)
+            self._index = self._index.to(obs.device)
+        return obs.index_select(-1, self._index)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self._select(obs), info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if "final_obs" in info:
+            info["final_obs"] = self._select(info["final_obs"])
+        return self._select(obs), reward, terminated, truncated, info
 
 
 def first_frame(frames: Any) -> np.ndarray | None:
