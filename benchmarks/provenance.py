@@ -65,11 +65,13 @@ SCRIPT_FINGERPRINTS = {
 ENV_FINGERPRINTS = {"PushCubeRL": "env-PushCubeRL", "PushCubeLangRL": "env-PushCubeLangRL"}
 DEFAULT_ENV = {"ppo_continuous": "PushCubeRL", "grpo": "PushCubeRL", "ppo_ddp": "PushCubeRL"}  # the trainers' default
 PIXEL_MODES = re.compile(r'"obs_mode":\s*"[^"]*rgb')
+DROPOUT = re.compile(r'"dropout_sensor":\s*"')  # PushCubeRL's sensor dropout: its own env fingerprint
 
 
 def depends_on(command: str) -> list[str]:
     """The fingerprints a command's numbers depend on: its script's, the pixel agent's when it trains on images, its
-    env's, and examples/hf_vla's when it trains that policy."""
+    env's (and the sensor dropout's where it has a ``dropout_sensor``), and examples/hf_vla's when it trains that
+    policy."""
     tokens = shlex.split(command)
     scripts = [Path(t).stem for t in tokens if t.endswith(".py")]
     names: set[str] = set()
@@ -79,6 +81,8 @@ def depends_on(command: str) -> list[str]:
     env_id = env_id or next((DEFAULT_ENV[s] for s in scripts if s in DEFAULT_ENV), None)
     if env_id in ENV_FINGERPRINTS:
         names.add(ENV_FINGERPRINTS[env_id])
+        if DROPOUT.search(command):
+            names.add("env-PushCubeRL-dropout")
     if "ppo_continuous" in scripts and PIXEL_MODES.search(command):
         names.add("ppo_continuous-pixels")
     if "examples.hf_vla" in command:

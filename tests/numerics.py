@@ -102,6 +102,9 @@ FINGERPRINTS = {
                                                   "obs_cameras": ["top", "wrist"], "privileged_state": True}])),
         Fingerprint("env-PushCubeLangRL", "env", "PushCubeLangRL", dict(variants=[
             {}, {"instructions": "heldout", "obs_mode": "state+rgb", "image_size": 16}])),
+        Fingerprint("env-PushCubeRL-dropout", "env", "PushCubeRL", dict(variants=[
+            {"dropout_sensor": "cube", "dropout_rate": 0.2},
+            {"obs_mode": "proprio+rgb", "image_size": 16, "dropout_sensor": "camera", "dropout_rate": 0.2}])),
     ]
 }  # fmt: skip
 

@@ -56,6 +56,9 @@ CASES = {  # kwarg: (bad value, what the message must say it allows)
     "view_tasks": (["up"], f"null or a list of distinct task names from {ALL_TASKS}"),
     "instruction_length": (8, "an integer >= 26 (bytes of the longest instruction)"),
     "instructions": ("test", '"train" or "heldout"'),
+    "dropout_sensor": ("gps", "null (no dropout) or 'cube' or 'camera'"),
+    "dropout_rate": (1.5, "a number in [0, 1] (the probability per env and step that a working sensor fails)"),
+    "dropout_steps": ([0, 5], "[min, max], integers with 1 <= min <= max (control steps an outage lasts)"),
 }
 # device and seed come from the trainer (--cuda, --seed); given in --env-kwargs too they are refused as duplicates
 SET_BY_THE_TRAINER = {"device", "seed"}

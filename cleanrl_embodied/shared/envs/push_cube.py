@@ -130,7 +130,8 @@ DEFAULT_INSTRUCTION_LENGTH = 32  # bytes of instruction tokens in the observatio
 # mean. A checkpoint is resumed or evaluated only with the same values; the other options (dynamics, randomization,
 # noise, rewards, episode ends, goals, render()'s camera) may change (shared/checkpoints.py).
 INTERFACE_KWARGS = ("obs_mode", "action_mode", "joint_delta_scale", "ee_delta_scale", "image_size", "obs_cameras",
-                    "cube_dynamics", "base_pos", "tasks", "instruction_length", "view_tasks")  # fmt: skip
+                    "cube_dynamics", "base_pos", "tasks", "instruction_length", "view_tasks",
+                    "dropout_sensor")  # fmt: skip
 
 # Layout of the flat (state mode) observation; the dict mode holds the same pieces.
 OBS_LAYOUT = (
@@ -146,6 +147,16 @@ OBS_LAYOUT = (
 OBS_DIM = sum(size for _, _, size in OBS_LAYOUT)
 # cube_dynamics="sliding" adds the cube's velocity (world xy, m/s): the cube moves on its own after a push.
 SLIDING_OBS_LAYOUT = (*OBS_LAYOUT, ("object", "cube_vel", 2))
+
+# Sensor dropout (``dropout_sensor``, see the class docstring): the sensors that can go missing, the state entries
+# that "cube" zeroes (every one derived from the cube's pose), the flag entry that tells the policy a reading is
+# missing, and the per-env state of the outages (saved by state_dict() when dropout is on).
+DROPOUT_SENSORS = ("cube", "camera")
+CUBE_ENTRIES = ("cube_pos", "cube_yaw_sincos", "tcp_to_cube", "cube_to_goal", "cube_vel")
+SENSOR_MISSING_KEY = "sensor_missing"
+DEFAULT_DROPOUT_RATE = 0.05
+DEFAULT_DROPOUT_STEPS = (5, 20)
+DROPOUT_STATE_KEYS = ("sensor_outage", "sensor_missing_steps")
 
 # Per-env state tensors; state_dict() saves exactly these (plus the generator and the group size), and
 # cube_vel with cube_dynamics="sliding".
@@ -281,6 +292,22 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
     ``info["task_id"]`` [N] (long) is the task of the step's episode (of the finished one where an episode
     ended) and ``metadata["task_names"]`` names them; success, reward and ``render()`` (videos) use the task's goal.
 
+    Sensor dropout (``dropout_sensor``): a sensor goes missing for stretches of control steps, as a real one does (a
+    mocap marker occluded, a camera frame dropped), which makes the task partially observable. ``"cube"``: every
+    state entry derived from the cube's pose (``CUBE_ENTRIES``: cube_pos, cube_yaw_sincos, tcp_to_cube, cube_to_goal,
+    cube_vel where present; obs_mode "state", "dict" or "state+rgb"); ``"camera"``: every image entry (all of
+    ``obs_cameras`` at once; the image modes). Per env and step a working sensor starts an outage with probability
+    ``dropout_rate``, lasting a uniform whole number of steps in ``dropout_steps`` (drawn from the env's generator
+    on its device, batched, no host sync); at least one real reading follows each outage, so the sensor is out
+    ``p m / (1 + p m)`` of the steps (rate p, mean length m) where episodes are long. While it is out its entries
+    read zeros (an image: all-zero pixels), not a stale copy, so that only a policy's memory can carry what it saw
+    last, and the 0/1 float ``sensor_missing`` says so: appended to the state vector (state mode [N, 32]; the
+    "state" entry of "proprio+rgb" [N, 18] and "state+rgb" [N, 32]), an entry {"sensor_missing": [N, 1]} in the dict
+    and rgb modes. An outage in progress ends at a reset: the first observation of an episode is always a real
+    reading. "privileged" always holds the true state. The countdown (``sensor_outage``) and the episode's count of
+    missing readings are env state (``state_dict``); ``info["metrics"]["sensor_missing_fraction"]`` is the share of
+    the episode's steps so far whose reading was missing. Without ``dropout_sensor`` nothing changes (no draws).
+
     Action in [-1, 1]: 7 joint deltas (``action_mode="joint_delta"``, ``joint_delta_scale`` rad at 1),
     7 absolute joint positions (``"joint_pos"``, -1..1 spans each joint's range) or 3 TCP deltas in the
     world frame (``"ee_delta_pos"``, ``ee_delta_scale`` m at 1).
@@ -350,6 +377,9 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         instructions: str = "train",
         privileged_state: bool = False,
         view_tasks: Sequence[str] | None = None,
+        dropout_sensor: str | None = None,
+        dropout_rate: float = DEFAULT_DROPOUT_RATE,
+        dropout_steps: Sequence[int] = DEFAULT_DROPOUT_STEPS,
     ):
         """Build the batched task. Every argument is checked; a bad one raises ValueError naming it.
 
@@ -417,6 +447,11 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 env's own tasks (or its ``goal_direction``). Envs with other tasks see the table through the same
                 window when they name the same ``view_tasks`` (e.g. a target task and the tasks a policy was
                 pretrained on; the four of ``LANG_TASKS`` give PushCubeLangRL's window).
+            dropout_sensor: a sensor that goes missing for stretches of steps (see the class docstring): None (never),
+                "cube" (the state entries derived from the cube's pose; obs_mode "state", "dict" or "state+rgb") or
+                "camera" (every image entry; the image modes). Adds the 0/1 entry ``sensor_missing``.
+            dropout_rate: probability per env and step that a working sensor starts an outage.
+            dropout_steps: (min, max): an outage lasts a uniform whole number of control steps in [min, max].
         """
         ranges = _check_args(locals())
         self.num_envs = int(num_envs)
@@ -463,6 +498,14 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         self.image_size = (int(image_size), int(image_size)) if _is_int(image_size) else tuple(map(int, image_size))
         self._images = obs_mode in IMAGE_OBS_MODES
         self.obs_cameras = tuple(obs_cameras)
+        self.dropout_sensor = dropout_sensor
+        self.dropout_rate = float(dropout_rate)
+        self.dropout_steps = (int(dropout_steps[0]), int(dropout_steps[1]))
+        self._dropout = dropout_sensor is not None
+        if self._dropout:
+            self._state_keys = (*self._state_keys, *DROPOUT_STATE_KEYS)
+            columns = [name in CUBE_ENTRIES for _, name, size in self.obs_layout for _ in range(size)]
+            self._cube_columns = torch.tensor(columns, dtype=torch.bool, device=self.device)
 
         self._build_spaces()
         self.joint_lower, self.joint_upper = franka.joint_limits(self.device)
@@ -526,21 +569,30 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         state_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
         image_space = gym.spaces.Box(0, 255, (3, *self.image_size), np.uint8)
         images = {OBS_CAMERA_KEYS[camera]: image_space for camera in self.obs_cameras}
+        proprio_space = gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)
+        flag = {}  # sensor dropout: the 0/1 flag, appended to the state vector or an entry of its own
+        if self._dropout:
+            flag = {SENSOR_MISSING_KEY: gym.spaces.Box(0.0, 1.0, (1,), np.float32)}
+            with_flag = lambda box: gym.spaces.Box(  # noqa: E731
+                np.append(box.low, np.float32(0.0)), np.append(box.high, np.float32(1.0)), dtype=np.float32
+            )
+            seen_state_space, proprio_space = with_flag(state_space), with_flag(proprio_space)
+        else:
+            seen_state_space = state_space  # (the privileged entry is always the true, unflagged state)
         if self.obs_mode == "state":
-            self.single_observation_space = state_space
+            self.single_observation_space = seen_state_space
         elif self.obs_mode == "rgb":
-            self.single_observation_space = gym.spaces.Dict(images)
+            self.single_observation_space = gym.spaces.Dict({**images, **flag})
         elif self.obs_mode == "proprio+rgb":
-            proprio_space = gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)
             self.single_observation_space = gym.spaces.Dict({"state": proprio_space, **images})
         elif self.obs_mode == "state+rgb":
-            self.single_observation_space = gym.spaces.Dict({"state": state_space, **images})
+            self.single_observation_space = gym.spaces.Dict({"state": seen_state_space, **images})
         else:
             groups: dict[str, dict[str, gym.spaces.Box]] = {}
             for group, name, size in self.obs_layout:
                 groups.setdefault(group, {})[name] = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
             nested = {group: gym.spaces.Dict(boxes) for group, boxes in groups.items()}
-            self.single_observation_space = gym.spaces.Dict(nested)
+            self.single_observation_space = gym.spaces.Dict({**nested, **flag})
         if self.privileged_state:  # (image modes: the observation is a Dict)
             spaces = {**self.single_observation_space.spaces, PRIVILEGED_KEY: state_space}
             self.single_observation_space = gym.spaces.Dict(spaces)
@@ -634,6 +686,10 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
                 drawn = torch.randint(self._phrases_per_task, (num_groups,), generator=self._generator,
                                       device=self.device)  # fmt: skip
                 task["phrase"] = self._per_group(drawn)[0]
+        dropout = {}  # sensor dropout: an episode starts with a working sensor and no missing readings
+        if self._dropout:
+            zeros = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
+            dropout = {key: zeros.clone() for key in DROPOUT_STATE_KEYS}
         return {
             "qpos": qpos,
             "qvel": torch.zeros_like(qpos),
@@ -646,6 +702,7 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             "elapsed_steps": torch.zeros(self.num_envs, dtype=torch.int32, device=self.device),
             **({"cube_vel": torch.zeros_like(cube_xy)} if self._sliding else {}),
             **task,
+            **dropout,
         }
 
     def _reset_finished(self, done: torch.Tensor) -> None:
@@ -711,6 +768,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         terminated = success.clone() if self.terminate_on_success else torch.zeros_like(success)
         truncated = self.elapsed_steps >= self.max_episode_steps
         done = terminated | truncated
+        if self._dropout:
+            missing_fraction = self._advance_dropout()
 
         final_obs = self._observe()
         final_images = self._render_images() if self._images else None
@@ -727,6 +786,8 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             "rewards": terms,
             "metrics": {"distance_to_goal": distance_to_goal},
         }
+        if self._dropout:
+            info["metrics"]["sensor_missing_fraction"] = missing_fraction
         if final_task is not None:
             info["task_id"] = final_task
         return self._format_obs(obs, images), reward, terminated, truncated, info
@@ -1079,28 +1140,59 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
             obs = obs + self.obs_noise_std.unsqueeze(-1) * noise
         return obs
 
+    def _advance_dropout(self) -> torch.Tensor:
+        """One control step of the sensor outages (``dropout_sensor``), all envs at once, no host sync: an env whose
+        sensor works starts an outage with probability ``dropout_rate``, of a uniform length in ``dropout_steps``.
+        ``sensor_outage`` [N] (int32) counts down: k > 1 means the current reading is missing (k - 2 more missing
+        readings follow), 1 the real reading that ends an outage (none starts there: outages start only from a
+        working sensor), 0 a working sensor. Returns the fraction of the episode's steps so far whose reading was
+        missing [N] (``info["metrics"]``)."""
+        outage = (self.sensor_outage - 1).clamp_min(0)
+        draw = torch.rand(self.num_envs, generator=self._generator, device=self.device)
+        low, high = self.dropout_steps
+        length = torch.randint(low, high + 1, (self.num_envs,), generator=self._generator, device=self.device,
+                               dtype=torch.int32)  # fmt: skip
+        self.sensor_outage = torch.where((outage == 0) & (draw < self.dropout_rate), length + 1, outage)
+        self.sensor_missing_steps = self.sensor_missing_steps + (self.sensor_outage > 1).to(torch.int32)
+        return self.sensor_missing_steps / self.elapsed_steps
+
+    def _drop_readings(self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None):
+        """What the policy reads with sensor dropout: the flat observation and the images with the missing sensor's
+        entries zeroed in the envs whose reading is missing now, and the flag [N, 1] (1.0 where it is missing)."""
+        missing = self.sensor_outage > 1
+        if self.dropout_sensor == "cube":
+            flat_obs = flat_obs.masked_fill(missing.unsqueeze(-1) & self._cube_columns, 0.0)
+        else:
+            images = {key: image.masked_fill(missing.view(-1, 1, 1, 1), 0) for key, image in images.items()}
+        return flat_obs, images, missing.float().unsqueeze(-1)
+
     def _format_obs(
         self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None = None
     ) -> torch.Tensor | TensorDict:
         """The observation in the env's obs_mode from the flat one and the images (rgb modes: {entry: image} of
         every camera): state: as is; dict: nested TensorDict; rgb: TensorDict of the images ({"rgb"} by default);
         proprio+rgb and state+rgb: TensorDict {"state" (the robot's part or all of it), images...}; with tasks each
-        also holds the "instruction". (The rgb modes compute
+        also holds the "instruction"; with sensor dropout the missing sensor's entries read zeros where it is out, and
+        the flag ``sensor_missing`` joins the state (``_drop_readings``), while "privileged" keeps the true state.
+        (The rgb modes compute
         the whole flat observation too, so that observation noise draws the same random numbers in every mode and
         a seed gives the same episodes.)"""
+        seen, flag = flat_obs, None
+        if self._dropout:
+            seen, images, flag = self._drop_readings(flat_obs, images)
         if self.privileged_state:
-            obs = self._format_untasked(flat_obs, images)
+            obs = self._format_untasked(seen, images, flag)
             obs[PRIVILEGED_KEY] = flat_obs
             if self.task_names:
                 obs[INSTRUCTION_KEY] = self._instruction_tokens()
             return obs
         if self.task_names:
-            obs = self._format_untasked(flat_obs, images)
+            obs = self._format_untasked(seen, images, flag)
             if not isinstance(obs, TensorDict):
                 obs = TensorDict({"state": obs}, batch_size=[self.num_envs], device=self.device)
             obs[INSTRUCTION_KEY] = self._instruction_tokens()
             return obs
-        return self._format_untasked(flat_obs, images)
+        return self._format_untasked(seen, images, flag)
 
     def _instruction_tokens(self) -> TensorDict:
         """The instruction tokens of every env's episode: its task's, or its task's held-out phrase's."""
@@ -1108,17 +1200,24 @@ class PushCubeRLVecEnv(gym.vector.VectorEnv):
         return self._task_tokens[row]
 
     def _format_untasked(
-        self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None
+        self, flat_obs: torch.Tensor, images: dict[str, torch.Tensor] | None, flag: torch.Tensor | None = None
     ) -> torch.Tensor | TensorDict:
+        """``_format_obs`` without the privileged and instruction entries; ``flag`` (sensor dropout, [N, 1]) is
+        appended to the state vector, or is the entry ``sensor_missing`` where there is none (dict and rgb)."""
         if self.obs_mode == "state":
-            return flat_obs
+            return flat_obs if flag is None else torch.cat((flat_obs, flag), -1)
         if self._images:
             state = {"rgb": {}, "proprio+rgb": {"state": flat_obs[:, :PROPRIO_DIM]}, "state+rgb": {"state": flat_obs}}
-            return TensorDict({**state[self.obs_mode], **images}, batch_size=[self.num_envs], device=self.device)
+            state = state[self.obs_mode]
+            if flag is not None:
+                state = {"state": torch.cat((state["state"], flag), -1)} if state else {SENSOR_MISSING_KEY: flag}
+            return TensorDict({**state, **images}, batch_size=[self.num_envs], device=self.device)
         pieces = flat_obs.split([size for _, _, size in self.obs_layout], dim=-1)
         nested: dict[str, dict[str, torch.Tensor]] = {}
         for (group, name, _), piece in zip(self.obs_layout, pieces):
             nested.setdefault(group, {})[name] = piece
+        if flag is not None:
+            nested[SENSOR_MISSING_KEY] = flag
         return TensorDict(nested, batch_size=[self.num_envs], device=self.device)
 
     # ------------------------------------------------------------------ state
@@ -1508,6 +1607,21 @@ def _check_args(args: dict) -> dict[str, tuple[float, float]]:
         modes = " or ".join(repr(m) for m in IMAGE_OBS_MODES)
         default = list(DEFAULT_OBS_CAMERAS)
         fail("obs_cameras", f"{default} with obs_mode {args['obs_mode']!r} (no images); 'wrist' needs {modes}")
+    sensor, mode = args["dropout_sensor"], args["obs_mode"]
+    if sensor is not None and sensor not in DROPOUT_SENSORS:
+        fail("dropout_sensor", "null (no dropout) or " + " or ".join(repr(s) for s in DROPOUT_SENSORS))
+    if sensor == "camera" and mode not in IMAGE_OBS_MODES:
+        modes = " or ".join(repr(m) for m in IMAGE_OBS_MODES)
+        fail("dropout_sensor", f"null or 'cube' with obs_mode {mode!r} (no images); 'camera' needs {modes}")
+    if sensor == "cube" and mode in ("rgb", "proprio+rgb"):
+        fail("dropout_sensor", f"null or 'camera' with obs_mode {mode!r} (the cube is seen in the image only); "
+                               "'cube' needs 'state', 'dict' or 'state+rgb'")  # fmt: skip
+    if not number("dropout_rate") or not 0.0 <= args["dropout_rate"] <= 1.0:
+        fail("dropout_rate", "a number in [0, 1] (the probability per env and step that a working sensor fails)")
+    steps = args["dropout_steps"]
+    if not (isinstance(steps, (list, tuple)) and len(steps) == 2 and all(_is_int(k) for k in steps)
+            and 1 <= steps[0] <= steps[1]):  # fmt: skip
+        fail("dropout_steps", "[min, max], integers with 1 <= min <= max (control steps an outage lasts)")
     if args["action_mode"] not in ACTION_MODES:
         fail("action_mode", " or ".join(repr(m) for m in ACTION_MODES))
     for kwarg in ("joint_delta_scale", "ee_delta_scale", "max_tcp_speed", "goal_radius", "cube_half_size"):
