@@ -2,8 +2,10 @@
 
     uv run python cleanrl_embodied/export.py --checkpoint runs/<run>/checkpoints/best.pt --out exported/
 
-The exported policy is the trainer's own deterministic evaluation action, nothing re-implemented: the script that
-wrote the checkpoint is imported, its policy is built from the checkpoint's flags and weights, and its
+The exported policy is the trainer's own deterministic evaluation action, nothing re-implemented: the trainer file
+that wrote the checkpoint is imported (the path the checkpoint records, so a copy of a trainer exports its own
+network; `--trainer` names the file where it has moved), its policy is built from the checkpoint's flags and weights,
+and its
 `eval_action(..., deterministic=True)` (observation normalizer, encoders, the Gaussian's mean; with a VLA trainer's
 policy, `env_action(dist.mode)`: a bin's centre, a chunk of K actions) is wrapped in a module whose inputs are plain
 tensors, one per observation entry the actor reads. That module is traced into
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
+import inspect
 import io
 import json
 import logging
@@ -48,11 +52,8 @@ from tensordict import TensorDict
 
 from cleanrl_embodied import shared
 from cleanrl_embodied.shared.checkpoints import observation_layout
+from cleanrl_embodied.shared.trainer_file import PACKAGE_DIR, network_definitions, network_differences
 
-CLASSIC = ("ppo_continuous", "grpo", "ppo_ddp")
-VLA = ("ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp")
-SCRIPTS = CLASSIC + VLA
-"""The trainers whose checkpoints this script exports (their `script` entry)."""
 FORMAT_VERSION = 1
 """export.json's `format_version`: raised when its meaning changes."""
 
@@ -61,6 +62,9 @@ FORMAT_VERSION = 1
 class Args:
     checkpoint: str
     """a checkpoint a trainer wrote, e.g. runs/<run>/checkpoints/best.pt"""
+    trainer: str | None = None
+    """the trainer file that wrote it (its network is rebuilt from that file); default: the path the checkpoint
+    records, else this package's trainer of the checkpoint's name. Its network code must be the writer's"""
     out: str = "exported"
     """folder the files are written to (created; files of an earlier export there are replaced)"""
     inputs: tuple[str, ...] | None = None
@@ -92,9 +96,59 @@ def validate(args: Args) -> None:
         shared.fail(f"--num-check-envs must be >= 2, got {args.num_check_envs}")
     if args.inputs is not None and len(set(args.inputs)) != len(args.inputs):
         shared.fail(f"--inputs names an entry twice: {' '.join(args.inputs)}")
+    if args.trainer is not None and not (Path(args.trainer).is_file() and args.trainer.endswith(".py")):
+        shared.fail(f"--trainer: no such trainer file {args.trainer!r} (a .py file)")
 
 
 # ---- the checkpoint's policy, rebuilt by its own trainer ----------------------------------------------------------
+def import_trainer(path: Path):
+    """The trainer file at `path` as a module: this package's trainers by their module name, any other file (a copy
+    somewhere else) under a name of its own; its `main` does not run."""
+    path = path.resolve()
+    if path.parent == PACKAGE_DIR:
+        return importlib.import_module(f"cleanrl_embodied.{path.stem}")
+    name = f"trainer_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}_{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # (a dataclass looks its module up while it is being built)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - whatever the file raises on import is the same failure
+            del sys.modules[name]
+            shared.fail(f"--trainer {path}: importing it failed ({first_line(e)})")
+    return sys.modules[name]
+
+
+def trainer_of(args: Args, ckpt: dict):
+    """The module of the trainer file that wrote `ckpt`: --trainer, else the file it records, else this package's
+    trainer of its name. Where the checkpoint records its network, the file's must be the same code."""
+    recorded = ckpt.get("trainer") if isinstance(ckpt.get("trainer"), dict) else {}
+    package_file = PACKAGE_DIR / f"{ckpt['script']}.py"
+    there = recorded.get("path") or f"{ckpt['script']}.py"
+    if args.trainer is not None:
+        path, source = Path(args.trainer), f"--trainer {args.trainer}"
+    elif recorded.get("path") and Path(recorded["path"]).is_file():
+        path, source = Path(recorded["path"]), f"the file it records ({recorded['path']})"
+    elif package_file.is_file():
+        path, source = package_file, f"this package's {package_file.name}"
+    else:
+        shared.fail(f"--checkpoint {args.checkpoint}: written by {there}, which is not here; pass --trainer PATH, "
+                    "the file that wrote it")  # fmt: skip
+    if recorded.get("network"):
+        differences = network_differences(recorded["network"], network_definitions(path.read_text()))
+        if differences:
+            shared.fail(f"--checkpoint {args.checkpoint}: written by {there}, whose network code is not that of "
+                        f"{source}: {', '.join(differences)}; pass --trainer with the file that wrote it, as it was "
+                        "then")  # fmt: skip
+    module = import_trainer(path)
+    for name in ("Args", "make_agent", "eval_action"):
+        if not hasattr(module, name):
+            shared.fail(f"--checkpoint {args.checkpoint}: {path} has no {name}; export needs a trainer's Args, "
+                        "make_agent and eval_action")  # fmt: skip
+    return module
+
+
 def trainer_args(module, ckpt: dict):
     """The trainer's `Args` with the checkpoint's values (a flag the checkpoint does not know keeps its default;
     tuples come back as tuples whatever the file held)."""
@@ -103,22 +157,33 @@ def trainer_args(module, ckpt: dict):
     return module.Args(**saved)
 
 
-def build_policy(module, script: str, envs, targs) -> nn.Module:
-    """The policy the trainer builds for `envs`: its `make_agent`; grpo.py builds its actor in `main` (no
-    `make_agent`), so the same two lines are here."""
-    if script != "grpo":
-        return module.make_agent(envs, targs)
-    spaces = (envs.single_observation_space, envs.single_action_space)
-    if targs.policy is None:
-        return module.Actor(*spaces, targs)
-    return shared.build_policy(targs.policy, targs.policy_kwargs, *spaces, targs, needs=("dist",))
+def build_policy(module, envs, targs) -> nn.Module:
+    """The policy the trainer builds for `envs` (its `make_agent`), wrapped as ppo_vla.py wraps it under
+    --privileged-critic (the critic's weights are in the checkpoint; no actor reads them). Nothing trains here: no
+    value head is asked of the policy."""
+    value_head = {"value_head": False} if "value_head" in inspect.signature(module.make_agent).parameters else {}
+    agent = module.make_agent(envs, targs, **value_head)
+    wrapper = getattr(module, "PrivilegedCritic", None)
+    if wrapper is not None and getattr(targs, "privileged_critic", False):
+        agent = wrapper(agent, envs.single_observation_space)
+    return agent
 
 
-def deterministic_action(module, script: str, agent: nn.Module) -> Callable:
-    """obs -> the trainer's deterministic evaluation action (the classic trainers' `eval_action` has no `size`: the
-    VLA trainers' splits a batch into pieces of at most `size` rows, here never)."""
+def deterministic_action(module, agent: nn.Module) -> Callable:
+    """obs -> the trainer's deterministic evaluation action (a VLA trainer's `eval_action` takes a `size`: the most
+    rows of a forward pass, here all of them). A trainer with memory (its `eval_action` takes the actor's `memory`):
+    (obs, memory) -> (action, memory after the step), no episode start inside (whoever runs the file zeroes the
+    memory where an episode starts)."""
+    parameters = inspect.signature(module.eval_action).parameters
     act = partial(module.eval_action, agent, generator=None, deterministic=True)
-    return act if script in CLASSIC else partial(act, size=sys.maxsize)
+    if "memory" in parameters:
+        return lambda obs, memory: act(obs, starts=torch.zeros_like(memory[:, 0], dtype=torch.bool), memory=memory)
+    return partial(act, starts=None, **({"size": sys.maxsize} if "size" in parameters else {}))
+
+
+def memory_size(agent: nn.Module, module) -> int:
+    """The width of the actor's memory (`actor_state_size`) for a trainer with memory, else 0."""
+    return int(agent.actor_state_size) if "memory" in inspect.signature(module.eval_action).parameters else 0
 
 
 def actor_of(module, agent: nn.Module) -> nn.Module:
@@ -184,17 +249,28 @@ def assemble(keys: list[tuple[str, ...]], entries: tuple[torch.Tensor, ...]) -> 
 
 class DeterministicActor(nn.Module):
     """What the exported files hold: the observation entries `keys` as positional tensors [B, ...] -> the trainer's
-    deterministic evaluation action [B, *action shape], clipped to [low, high] when `clip`."""
+    deterministic evaluation action [B, *action shape], clipped to [low, high] when `clip`. With a memory of
+    `memory` columns, the last input is the actor's memory [B, memory] and the output (action, memory after it)."""
 
-    def __init__(self, agent: nn.Module, act: Callable, keys: list[tuple[str, ...]], space: gym.spaces.Box, clip: bool):
+    def __init__(self, agent: nn.Module, act: Callable, keys: list, space: gym.spaces.Box, clip: bool, memory: int):
         super().__init__()
-        self.agent, self.act, self.keys, self.clip = agent, act, keys, clip
+        self.agent, self.act, self.keys, self.clip, self.memory = agent, act, keys, clip, memory
         self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
 
-    def forward(self, *entries: torch.Tensor) -> torch.Tensor:
-        action = self.act(assemble(self.keys, entries)).float()
-        return torch.minimum(torch.maximum(action, self.low), self.high) if self.clip else action
+    def clipped(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.maximum(action.float(), self.low), self.high) if self.clip else action.float()
+
+    def forward(self, *inputs: torch.Tensor):
+        if not self.memory:
+            return self.clipped(self.act(assemble(self.keys, inputs)))
+        action, memory = self.act(assemble(self.keys, inputs[:-1]), inputs[-1])
+        return self.clipped(action), memory
+
+    def example(self, obs) -> tuple[torch.Tensor, ...]:
+        """The inputs for the observations `obs` (a zero memory: episodes that begin)."""
+        first = entries(obs, self.keys)
+        return first + ((torch.zeros(first[0].shape[0], self.memory),) if self.memory else ())
 
 
 @contextlib.contextmanager
@@ -241,9 +317,9 @@ def used_entries(traced: torch.jit.ScriptModule) -> list[bool]:
 
 
 def actor_reads(actor: DeterministicActor, obs, keys: list, who: str) -> list[tuple[str, ...]]:
-    """The entries among `keys` whose values the traced actor's computation uses."""
+    """The entries among `keys` whose values the traced actor's computation uses (the memory is not an entry)."""
     actor.keys = keys
-    return [k for k, used in zip(keys, used_entries(trace(actor, entries(obs, keys), who))) if used]
+    return [k for k, used in zip(keys, used_entries(trace(actor, actor.example(obs), who))) if used]
 
 
 def choose_inputs(
@@ -317,7 +393,7 @@ def describe_input(key: tuple[str, ...], space: gym.spaces.Box, flat_layout: dic
     return info
 
 
-def describe(args: Args, ckpt: dict, targs, script: str, envs, space: gym.spaces.Box, keys: list | None) -> dict:
+def describe(args: Args, ckpt: dict, targs, script: str, envs, space, keys: list | None, memory: int) -> dict:
     """export.json: what was written (traced: actor.pt and actor.onnx taking the entries `keys`; else the policy's
     save_pretrained), the inputs and output, the action's meaning and bounds, the source."""
     obs_space, layout = envs.single_observation_space, observation_layout(envs)
@@ -330,6 +406,12 @@ def describe(args: Args, ckpt: dict, targs, script: str, envs, space: gym.spaces
     if keys is not None:
         description["inputs"] = [describe_input(k, leaf_space(obs_space, k), flat) for k in keys]
         description["outputs"] = [{"name": "action", "shape": ["batch", *space.shape], "dtype": "float32"}]
+        if memory:  # a policy with memory: its state goes in and comes out
+            what = ("the actor's memory: zeros where an episode starts, else the next_memory of the step before "
+                    f"(an {getattr(targs, 'rnn_type', 'rnn').upper()}'s state)")  # fmt: skip
+            description["inputs"].append({"name": "memory", "shape": ["batch", memory], "dtype": "float32",
+                                          "what": what})  # fmt: skip
+            description["outputs"].append({"name": "next_memory", "shape": ["batch", memory], "dtype": "float32"})
     description["action"] = {
         "decoding": decoding + (f"; a chunk of {chunk} actions [K, D], to be run in order" if chunk > 1 else ""),
         "chunk": chunk,
@@ -343,6 +425,7 @@ def describe(args: Args, ckpt: dict, targs, script: str, envs, space: gym.spaces
     description["source"] = {
         "checkpoint": str(args.checkpoint),
         "script": script,
+        "trainer": {k: (ckpt.get("trainer") or {}).get(k) for k in ("path", "sha256")},
         "policy": targs.policy,
         "policy_kwargs": json.loads(targs.policy_kwargs),
         "env_id": targs.env_id,
@@ -359,13 +442,14 @@ def write_onnx(actor: DeterministicActor, example: tuple[torch.Tensor, ...], pat
     """torch.export -> ONNX, every input's first dimension the batch, export.json in the model's metadata."""
     import onnx
 
-    names = [entry_name(k) for k in actor.keys]
+    names = [entry_name(k) for k in actor.keys] + (["memory"] if actor.memory else [])
+    outputs = ["action"] + (["next_memory"] if actor.memory else [])
     batch = torch.export.Dim("batch")
     try:
         with torch.no_grad(), quiet():
             torch.onnx.export(
                 actor, example, str(path), dynamo=True, external_data=False, verbose=False, input_names=names,
-                output_names=["action"], dynamic_shapes=(tuple({0: batch} for _ in names),),
+                output_names=outputs, dynamic_shapes=(tuple({0: batch} for _ in names),),
             )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any failure of torch.export or the ONNX translation
         shared.fail(f"{who} cannot be exported to ONNX ({first_line(e)}); --no-onnx writes actor.pt alone")
@@ -380,15 +464,30 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max()) if a.numel() else 0.0
 
 
-def check_files(out: Path, keys, obs, reference: torch.Tensor, onnx: bool, who: str) -> dict:
-    """Run the written files on the recorded observations (more rows than the trace saw, most of them other ones):
-    the largest difference from the trainer's actions, or one line if a file fails or differs."""
-    inputs = entries(obs, keys)
+def replay(run: Callable, keys: list, steps: list, memory: int) -> torch.Tensor:
+    """The actions of an exported file (`run(*inputs)`) on the recorded `steps` [(obs, starts)], concatenated: with a
+    memory, the file gets back the memory it returned at the step before, zeroed where an episode starts."""
+    actions, state = [], None
+    for obs, starts in steps:
+        inputs = entries(obs, keys)
+        if memory:
+            state = torch.zeros(len(starts), memory) if state is None else torch.where(starts[:, None], 0.0, state)
+            action, state = run(*inputs, state)
+        else:
+            action = run(*inputs)
+        actions.append(action)
+    return torch.cat(actions)
+
+
+def check_files(out: Path, keys, steps: list, reference: torch.Tensor, onnx: bool, memory: int, who: str) -> dict:
+    """Run the written files on the recorded steps (more rows than the trace saw, most of them other ones; with a
+    memory, whole episodes step by step): the largest difference from the trainer's actions, or one line if a file
+    fails or differs."""
     why = "a trace holds tensor operations only, not Python control flow on tensor values, .item() or numpy"
 
-    def compare(what: str, run: Callable[[], torch.Tensor]) -> float:
+    def compare(what: str, run: Callable) -> float:
         try:
-            diff = max_difference(run(), reference)
+            diff = max_difference(replay(run, keys, steps, memory), reference)
         except Exception as e:  # noqa: BLE001 - e.g. a size the trace froze
             shared.fail(f"{who} cannot be traced: the {what} file fails on observations other than the traced "
                         f"ones ({first_line(e)}); {why}")  # fmt: skip
@@ -398,10 +497,12 @@ def check_files(out: Path, keys, obs, reference: torch.Tensor, onnx: bool, who: 
         return diff
 
     result = {"observations": int(reference.shape[0]), "torchscript_max_abs_diff": None, "onnx_max_abs_diff": None}
+    if memory:
+        result["steps"] = len(steps)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
         traced = torch.jit.load(str(out / "actor.pt"))
-        result["torchscript_max_abs_diff"] = compare("actor.pt", lambda: traced(*inputs))
+        result["torchscript_max_abs_diff"] = compare("actor.pt", traced)
     if onnx:
         try:
             import onnxruntime
@@ -409,8 +510,13 @@ def check_files(out: Path, keys, obs, reference: torch.Tensor, onnx: bool, who: 
             result["onnx_max_abs_diff"] = "not checked: onnxruntime is not installed"
         else:
             session = onnxruntime.InferenceSession(str(out / "actor.onnx"), providers=["CPUExecutionProvider"])
-            feed = {entry_name(k): x.numpy() for k, x in zip(keys, inputs)}
-            result["onnx_max_abs_diff"] = compare("actor.onnx", lambda: torch.from_numpy(session.run(None, feed)[0]))
+            names = [entry_name(k) for k in keys] + (["memory"] if memory else [])
+
+            def run(*inputs):
+                got = [torch.from_numpy(y) for y in session.run(None, dict(zip(names, (x.numpy() for x in inputs))))]
+                return tuple(got) if memory else got[0]
+
+            result["onnx_max_abs_diff"] = compare("actor.onnx", run)
     return result
 
 
@@ -437,12 +543,12 @@ def check_onnx_installed() -> None:
                     "--no-onnx writes actor.pt alone")  # fmt: skip
 
 
-def write_traced(args: Args, actor: DeterministicActor, obs, description: dict, who: str) -> None:
-    """Trace the actor into actor.pt (and actor.onnx), export.json embedded, then check both on the recorded
-    observations `obs` (`description["check"]`). A failure removes what was written: no file is left behind that
-    the check did not pass."""
-    out, first = Path(args.out), obs[: args.num_check_envs]  # traced on the reset's batch, checked on all of `obs`
-    example = entries(first, actor.keys)
+def write_traced(args: Args, actor: DeterministicActor, steps: list, reference, description: dict, who: str) -> None:
+    """Trace the actor into actor.pt (and actor.onnx), export.json embedded, then check both on the recorded `steps`
+    against the trainer's own actions `reference` (`description["check"]`). A failure removes what was written: no
+    file is left behind that the check did not pass."""
+    out = Path(args.out)
+    example = actor.example(steps[0][0][: args.num_check_envs])  # traced on the first batch, checked on all steps
     traced = trace(actor, example, who)
     meta = json.dumps(description, indent=2)
     try:
@@ -451,22 +557,39 @@ def write_traced(args: Args, actor: DeterministicActor, obs, description: dict, 
         if args.onnx:
             write_onnx(actor, example, out / "actor.onnx", who, meta)
         if args.check:
-            with torch.no_grad():
-                reference = actor.act(obs).float()  # the trainer's own action, on the whole observation
-                if args.clip:
-                    reference = torch.minimum(torch.maximum(reference, actor.low), actor.high)
-            description["check"] = check_files(out, actor.keys, obs, reference, args.onnx, who)
+            description["check"] = check_files(out, actor.keys, steps, reference, args.onnx, actor.memory, who)
     except BaseException:
         for name in ("actor.pt", "actor.onnx"):
             (out / name).unlink(missing_ok=True)
         raise
 
 
+def record_episodes(envs, module, agent: nn.Module, memory: int, seed: int, after: int = 5, max_steps: int = 1000):
+    """Whole episodes of the trainer's own deterministic evaluation (its `eval_action`, told where episodes start, as
+    the evaluator tells it) on `envs` from a reset with `seed`, until every env has ended one and run `after` steps
+    of the next (or `max_steps`): the steps [(obs, starts)] and the actions."""
+    obs, _ = envs.reset(seed=seed)
+    starts, ended = torch.ones(envs.num_envs, dtype=torch.bool), torch.zeros(envs.num_envs, dtype=torch.bool)
+    state, steps, actions, left = torch.zeros(envs.num_envs, memory), [], [], after
+    with torch.no_grad():
+        for _ in range(max_steps):
+            action, state = module.eval_action(agent, obs, None, starts, True, state)
+            steps.append((obs.cpu(), starts.cpu()))
+            actions.append(action.float().cpu())
+            obs, _, terminated, truncated, _ = envs.step(action)
+            starts = terminated | truncated
+            ended |= starts
+            left -= bool(ended.all())
+            if left < 0:
+                break
+    return steps, torch.cat(actions)
+
+
 def main(args: Args) -> dict:
     validate(args)
-    ckpt = shared.load_checkpoint(args.checkpoint, "checkpoint", SCRIPTS, same={})
+    ckpt = shared.load_checkpoint(args.checkpoint, "checkpoint", None, same={})  # any trainer's
     script = ckpt["script"]
-    module = importlib.import_module(f"cleanrl_embodied.{script}")
+    module = trainer_of(args, ckpt)
     targs = trainer_args(module, ckpt)
     # seeded as the trainer seeds before building its policy (a factory that draws frozen weights at random could
     # still draw others here: load_model_state then refuses the checkpoint in one line)
@@ -474,12 +597,12 @@ def main(args: Args) -> dict:
     options = shared.EnvOptions(targs.env_id, targs.env_kwargs, targs.eval_env_kwargs, "sync")
     envs = shared.build_env(options, args.num_check_envs, args.seed, torch.device("cpu"), eval_envs=True)
     shared.check_env_sizes(envs, (ckpt, "checkpoint"))
-    agent = build_policy(module, script, envs, targs)
+    agent = build_policy(module, envs, targs)
     shared.load_model_state(agent, ckpt, "checkpoint", args.checkpoint)
     privileged = privileged_entries(agent)  # (what a wrapper's critic alone reads)
     agent = actor_of(module, agent).eval()
     who = policy_name(targs)
-    space = module.action_space(envs, targs) if script in VLA else envs.single_action_space  # (a chunk: [K, D])
+    space = module.action_space(envs, targs) if hasattr(module, "action_space") else envs.single_action_space  # [K, D]
     pretrained = args.format == "pretrained" or (
         args.format == "auto" and callable(getattr(agent, "save_pretrained", None))
     )
@@ -490,16 +613,23 @@ def main(args: Args) -> dict:
     for name in ("actor.pt", "actor.onnx", "export.json"):  # nothing of an earlier export survives to mislead
         (out / name).unlink(missing_ok=True)
     if pretrained:
-        description = describe(args, ckpt, targs, script, envs, space, None)
+        description = describe(args, ckpt, targs, script, envs, space, None, 0)
         export_pretrained(args, agent, who, description)
     else:
-        obs = record_observations(envs, args.seed)
+        memory = memory_size(agent, module)
         all_keys = entry_keys(envs.single_observation_space)
-        actor = DeterministicActor(agent, deterministic_action(module, script, agent), all_keys, space, args.clip)
-        actor.keys = choose_inputs(args, actor, obs[: args.num_check_envs], all_keys, privileged, who)
-        description = describe(args, ckpt, targs, script, envs, space, actor.keys)
+        actor = DeterministicActor(agent, deterministic_action(module, agent), all_keys, space, args.clip, memory)
+        if memory:  # the trainer's actions over whole episodes, step by step
+            steps, reference = record_episodes(envs, module, agent, memory, args.seed)
+        else:  # the trainer's actions on observations recorded under random actions, all at once
+            steps = [(record_observations(envs, args.seed), None)]
+            with torch.no_grad():
+                reference = actor.act(steps[0][0]).float()
+        reference = actor.clipped(reference)
+        actor.keys = choose_inputs(args, actor, steps[0][0][: args.num_check_envs], all_keys, privileged, who)
+        description = describe(args, ckpt, targs, script, envs, space, actor.keys, memory)
         description["files"] = {"torchscript": "actor.pt", "onnx": "actor.onnx" if args.onnx else None}
-        write_traced(args, actor, obs, description, who)
+        write_traced(args, actor, steps, reference, description, who)
     envs.close()
     (out / "export.json").write_text(json.dumps(description, indent=2) + "\n")
     names = ", ".join(sorted(p.name for p in out.iterdir()))

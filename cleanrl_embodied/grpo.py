@@ -19,6 +19,7 @@ import math
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -34,8 +35,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy
-    exp_name: str = "grpo"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -202,6 +203,15 @@ class Actor(nn.Module):
         return torch.distributions.Normal(mean.view(shape), std.view(shape), validate_args=False)
 
 
+def make_agent(envs, args: Args) -> nn.Module:
+    """The built-in `Actor`, or the module that `--policy module:factory` builds: its `dist(obs)` is a Gaussian per
+    action entry, and it may keep its own KL reference (`reference_dist`)."""
+    spaces = (envs.single_observation_space, envs.single_action_space)
+    if args.policy is None:
+        return Actor(*spaces, args)
+    return shared.build_policy(args.policy, args.policy_kwargs, *spaces, args, needs=("dist",))
+
+
 def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
     """Sample an action (unclipped: the env clips) and its log-prob."""
     dist = actor.dist(obs)
@@ -210,8 +220,11 @@ def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
     return TensorDict(action=action, logprob=dist.log_prob(action).flatten(1).sum(-1), batch_size=obs.shape[:1])
 
 
-def eval_action(actor: Actor, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
+def eval_action(
+    actor: Actor, obs: torch.Tensor, generator: torch.Generator, starts: torch.Tensor, deterministic: bool
+) -> torch.Tensor:
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator. `starts`
+    (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory: this one has none."""
     dist = actor.dist(obs)
     if deterministic:
         return dist.mean
@@ -332,11 +345,12 @@ COMPILE_PAYS_AFTER = 10_000
 
 def main(args: Args) -> dict:
     validate(args)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)
     same = {k: flags[k] for k in ("hidden_sizes", "policy", "policy_kwargs")}  # the network and what it sees
     resume_same = {k: flags[k] for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}
-    ckpt, ckpt_flag, ckpt_path = shared.load_start(args.resume, args.eval_checkpoint, ["grpo"], env_options, same,
+    ckpt, ckpt_flag, ckpt_path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env_options, same,
                                                    resume_same)  # fmt: skip
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
     ref_ckpt = args.ref_checkpoint and shared.load_checkpoint(
@@ -350,11 +364,7 @@ def main(args: Args) -> dict:
     eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
-    spaces = (eval_envs.single_observation_space, eval_envs.single_action_space)
-    if args.policy is None:
-        actor = Actor(*spaces, args).to(device)
-    else:  # its `dist(obs)` is a Gaussian per action entry; it may keep its own KL reference (`reference_dist`)
-        actor = shared.build_policy(args.policy, args.policy_kwargs, *spaces, args, needs=("dist",)).to(device)
+    actor = make_agent(eval_envs, args).to(device)
     if hasattr(actor, "reference_dist") and args.ref_checkpoint:
         shared.fail(f"--ref-checkpoint: --policy {args.policy} provides its own KL reference (reference_dist); point "
                     "the policy at the reference weights instead (e.g. its model_path)")  # fmt: skip
@@ -371,7 +381,7 @@ def main(args: Args) -> dict:
     act = partial(eval_action, actor, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         evaluator = shared.Evaluator(
-            eval_envs, shared.RunLogger("grpo", args), args.seed, args.num_eval_episodes, args.capture_video
+            eval_envs, shared.RunLogger(trainer, args), args.seed, args.num_eval_episodes, args.capture_video
         )
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
@@ -398,7 +408,7 @@ def main(args: Args) -> dict:
     params = [p for p in actor.parameters() if p.requires_grad]
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    logger = shared.RunLogger("grpo", args, total_iterations=num_iterations - start_iteration + 1)
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
@@ -420,7 +430,7 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = dict(
-            script="grpo", args=dataclasses.asdict(args), model=actor.state_dict(),
+            script=trainer["script"], trainer=trainer, args=dataclasses.asdict(args), model=actor.state_dict(),
             ref_model=None if ref_actor is None else ref_actor.state_dict(),  # None: the policy's own reference
             optimizer=optimizer.state_dict(), iteration=iteration, global_step=global_step,
             num_iterations=num_iterations, best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -48,8 +49,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
-    exp_name: str = "grpo_vla"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -248,10 +249,17 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
 
 
 def eval_action(
-    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+    agent: nn.Module,
+    obs: torch.Tensor | TensorDict,
+    generator: torch.Generator,
+    starts: torch.Tensor,
+    deterministic: bool,
+    size: int,
 ) -> torch.Tensor:
     """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
-    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1.
+    `starts` (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory; the VLA
+    policies here have none."""
 
     def act(piece):
         dist = agent.dist(piece)
@@ -389,10 +397,11 @@ def group_reset(envs, args: Args, iteration: int, draw: int = 0) -> tuple[torch.
 
 def main(args: Args) -> dict:
     validate(args)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
     resume_same = {k: getattr(args, k) for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}  # env, LR
-    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, ["grpo_vla"], env, same, resume_same)
+    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env, same, resume_same)
     shared.seed_everything(args.seed, args.torch_deterministic)
     device = shared.pick_device(args.cuda)
     piece = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
@@ -405,7 +414,7 @@ def main(args: Args) -> dict:
     frozen = shared.frozen_fingerprint(actor)  # what checkpoints record of the weights they leave out
     act = partial(eval_action, actor, deterministic=args.eval_deterministic, size=piece)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
-        logger = shared.RunLogger("grpo_vla", args)
+        logger = shared.RunLogger(trainer, args)
         evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
@@ -443,7 +452,7 @@ def main(args: Args) -> dict:
     params = [p for p in actor.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    logger = shared.RunLogger("grpo_vla", args, total_iterations=num_iterations - start_iteration + 1)
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations - start_iteration + 1)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     global_step = 0
     if ckpt is not None:  # resume: counters, optimizer, schedule and random stream continue the straight run
@@ -467,7 +476,8 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = {
-            "script": "grpo_vla",
+            "script": trainer["script"],
+            "trainer": trainer,
             "args": dataclasses.asdict(args),
             "model": shared.model_state(actor),  # trainable parameters and buffers
             "frozen": frozen,

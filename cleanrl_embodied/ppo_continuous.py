@@ -17,6 +17,7 @@ import math
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -31,8 +32,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
-    exp_name: str = "ppo_continuous"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -251,8 +252,11 @@ def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
 
-def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
+def eval_action(
+    agent: Agent, obs: torch.Tensor, generator: torch.Generator, starts: torch.Tensor, deterministic: bool
+) -> torch.Tensor:
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator. `starts`
+    (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory: this one has none."""
     dist = agent.dist(obs)
     if deterministic:
         return dist.mean
@@ -278,6 +282,12 @@ def compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lamb
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics)."""
     dist, newvalue = agent(mb["obs"])
+    return clipped_loss(dist, newvalue, mb, args)
+
+
+def clipped_loss(dist, newvalue: torch.Tensor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+    """PPO's objective given the policy's new distribution and values on the minibatch `mb`'s samples: the clipped
+    surrogate, the (optionally clipped) value loss and the entropy bonus; returns (loss, detached statistics)."""
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
@@ -324,10 +334,11 @@ COMPILE_PAYS_AFTER = 10_000
 
 def main(args: Args) -> dict:
     validate(args)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also the
     ckpt, ckpt_flag, ckpt_path = shared.load_start(  # layout, the reward trace's meaning and the LR schedule's base
-        args.resume, args.eval_checkpoint, ["ppo_continuous", "ppo_ddp"], env_options,
+        args.resume, args.eval_checkpoint, trainer, env_options, resumes=("ppo_ddp",),
         same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "privileged_critic", "policy",
                                     "policy_kwargs")},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward",
@@ -350,7 +361,7 @@ def main(args: Args) -> dict:
     agent = make_agent(eval_envs, args).to(device)
     if ckpt is not None:
         shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path)
-    logger = shared.RunLogger("ppo_continuous", args, total_iterations=num_iterations)
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
@@ -399,7 +410,7 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = dict(
-            script="ppo_continuous", args=dataclasses.asdict(args), model=agent.state_dict(),
+            script=trainer["script"], trainer=trainer, args=dataclasses.asdict(args), model=agent.state_dict(),
             optimizer=optimizer.state_dict(), reward_rms=reward_rms.state_dict(), reward_trace=reward_trace,
             iteration=iteration, global_step=global_step, num_iterations=num_iterations,
             best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,

@@ -28,6 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -44,8 +45,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run directory, env options, evaluation, checkpoints, --policy
-    exp_name: str = "ppo_ddp"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -276,8 +277,11 @@ def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
 
-def eval_action(agent: Agent, obs: torch.Tensor, generator: torch.Generator, deterministic: bool) -> torch.Tensor:
-    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator."""
+def eval_action(
+    agent: Agent, obs: torch.Tensor, generator: torch.Generator, starts: torch.Tensor, deterministic: bool
+) -> torch.Tensor:
+    """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator. `starts`
+    (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory: this one has none."""
     dist = agent.dist(obs)
     if deterministic:
         return dist.mean
@@ -303,6 +307,12 @@ def compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lamb
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
     """Clipped-surrogate PPO loss on one minibatch, means over its samples; returns (loss, detached statistics)."""
     dist, newvalue = agent(mb["obs"])
+    return clipped_loss(dist, newvalue, mb, args)
+
+
+def clipped_loss(dist, newvalue: torch.Tensor, mb: TensorDict, args: Args) -> tuple[torch.Tensor, TensorDict]:
+    """PPO's objective given the policy's new distribution and values on the minibatch `mb`'s samples: the clipped
+    surrogate, the (optionally clipped) value loss and the entropy bonus; returns (loss, detached statistics)."""
     newlogprob = dist.log_prob(mb["action"]).flatten(1).sum(-1)
     entropy = dist.entropy().flatten(1).sum(-1).mean()
     logratio = newlogprob - mb["logprob"]
@@ -373,10 +383,11 @@ COMPILE_PAYS_AFTER = 10_000
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also the
     ckpt, ckpt_flag, ckpt_path = shared.load_start(  # layout, the reward trace's meaning and the LR schedule's base
-        args.resume, args.eval_checkpoint, ["ppo_ddp", "ppo_continuous"], env_options,
+        args.resume, args.eval_checkpoint, trainer, env_options, resumes=("ppo_continuous",),
         same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "privileged_critic", "policy",
                                     "policy_kwargs")},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "gamma", "norm_reward", "clip_reward",
@@ -384,13 +395,14 @@ def main(args: Args) -> dict:
         read=rank == 0,  # the others get the content from rank 0
     )  # fmt: skip
     with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
-        return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
+        start = (trainer, ckpt, ckpt_flag, ckpt_path)
+        return train(args, env_options, start, dist.get_rank(), dist.get_world_size(), device)
 
 
 def train(
     args: Args, env_options: shared.EnvOptions, start: tuple, rank: int, world_size: int, device: torch.device
 ) -> dict:
-    ckpt, ckpt_flag, ckpt_path = start  # the checkpoint of --resume / --eval-checkpoint (rank 0 read it), flag, path
+    trainer, ckpt, ckpt_flag, ckpt_path = start  # this file's record; --resume / --eval-checkpoint's (rank 0 read it)
     batch_size = args.num_envs * args.num_steps  # per rank
     minibatch_size = batch_size // args.num_minibatches  # per rank
     num_iterations = max(1, args.total_timesteps // (batch_size * world_size))
@@ -419,7 +431,7 @@ def train(
     shared.broadcast_model(agent)  # every rank starts from rank 0's weights, whatever its RNG did
     if ckpt is not None:
         shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path, show=rank == 0)
-    logger = shared.RunLogger("ppo_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations) if rank == 0 else None
     say = logger.write if rank == 0 else lambda _: None
     evaluator = (
         shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
@@ -485,7 +497,7 @@ def train(
 
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
         state = dict(
-            script="ppo_ddp", args=dataclasses.asdict(args), model=agent.state_dict(),
+            script=trainer["script"], trainer=trainer, args=dataclasses.asdict(args), model=agent.state_dict(),
             optimizer=optimizer.state_dict(), reward_rms=reward_rms.state_dict(), iteration=iteration,
             global_step=global_step, num_iterations=num_iterations, best_key=list(evaluator.best_key),
             obs_dim=obs_dim, act_dim=act_dim,

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -42,8 +43,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
-    exp_name: str = "ppo_vla"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -171,9 +172,10 @@ class PrivilegedCritic(nn.Module):
         return list(self.critic.parameters())
 
 
-def make_agent(envs, args: Args) -> nn.Module:
+def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
-    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
+    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks.
+    `value_head`: V(obs) is the policy's own (a critic warm-up then needs its `value_parameters`)."""
     if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
         shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
@@ -181,16 +183,10 @@ def make_agent(envs, args: Args) -> nn.Module:
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations and not args.privileged_critic else ()
+        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
     )
-    obs_space = envs.single_observation_space
-    policy = shared.build_policy(args.policy, args.policy_kwargs, obs_space, action_space(envs, args), args, needs)
-    if args.privileged_critic and not shared.privileged_dim(obs_space):
-        example = """--env-kwargs '{"obs_mode": "state+rgb", "privileged_state": true}'"""
-        shared.fail(
-            f"--privileged-critic: {args.env_id} observes no '{shared.PRIVILEGED_KEY}' entry (PushCubeRL: {example})"
-        )
-    return PrivilegedCritic(policy, obs_space) if args.privileged_critic else policy
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
+                               action_space(envs, args), args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
@@ -250,10 +246,17 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
 
 
 def eval_action(
-    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+    agent: nn.Module,
+    obs: torch.Tensor | TensorDict,
+    generator: torch.Generator,
+    starts: torch.Tensor,
+    deterministic: bool,
+    size: int,
 ) -> torch.Tensor:
     """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
-    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1.
+    `starts` (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory; the VLA
+    policies here have none."""
 
     def act(piece):
         dist = agent.dist(piece)
@@ -347,13 +350,15 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 def main(args: Args) -> dict:
     validate(args)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
     ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
         args.resume,
         args.eval_checkpoint,
-        ["ppo_vla", "ppo_vla_ddp"],
+        trainer,
         env_options,
+        resumes=("ppo_vla_ddp",),
         same={k: flags[k] for k in ("policy", "policy_kwargs", "privileged_critic", *ACTION_ARGS)},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr")},
     )
@@ -366,11 +371,18 @@ def main(args: Args) -> dict:
     eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
-    agent = make_agent(eval_envs, args).to(device)
+    obs_space = eval_envs.single_observation_space
+    if args.privileged_critic and not shared.privileged_dim(obs_space):
+        example = """--env-kwargs '{"obs_mode": "state+rgb", "privileged_state": true}'"""
+        shared.fail(
+            f"--privileged-critic: {args.env_id} observes no '{shared.PRIVILEGED_KEY}' entry (PushCubeRL: {example})"
+        )
+    policy = make_agent(eval_envs, args, value_head=not args.privileged_critic)
+    agent = (PrivilegedCritic(policy, obs_space) if args.privileged_critic else policy).to(device)
     if ckpt is not None:
         shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path)
     frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = shared.RunLogger("ppo_vla", args, total_iterations=num_iterations)
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     max_rows = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass
     act = partial(eval_action, agent, deterministic=args.eval_deterministic, size=max_rows)
@@ -413,7 +425,8 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = {
-            "script": "ppo_vla",
+            "script": trainer["script"],
+            "trainer": trainer,
             "args": dataclasses.asdict(args),
             "model": shared.model_state(agent),  # trainable parameters and buffers
             "frozen": frozen,

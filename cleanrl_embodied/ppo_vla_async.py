@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -42,8 +43,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
-    exp_name: str = "ppo_vla_async"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -147,9 +148,10 @@ and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/b
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
-def make_agent(envs, args: Args) -> nn.Module:
+def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
-    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
+    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks.
+    `value_head`: V(obs) is the policy's own (a critic warm-up then needs its `value_parameters`)."""
     if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
         shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
@@ -157,7 +159,7 @@ def make_agent(envs, args: Args) -> nn.Module:
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations else ()
+        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
     )
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
                                action_space(envs, args), args, needs)  # fmt: skip
@@ -215,10 +217,17 @@ def sample_with(dist: torch.distributions.Distribution, generator: torch.Generat
 
 
 def eval_action(
-    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+    agent: nn.Module,
+    obs: torch.Tensor | TensorDict,
+    generator: torch.Generator,
+    starts: torch.Tensor,
+    deterministic: bool,
+    size: int,
 ) -> torch.Tensor:
     """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
-    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1.
+    `starts` (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory; the VLA
+    policies here have none."""
 
     def act(piece):
         dist = agent.dist(piece)
@@ -482,13 +491,15 @@ class Collector:
 
 def main(args: Args) -> dict:
     validate(args)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
     resume_same = {
         k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr", "loss_agg")
     }  # (pending rollouts hold its log-probs)
-    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, ["ppo_vla_async"], env, same,
+    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env, same,
                                               resume_same)  # fmt: skip
+    ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, path)  # ppo_vla.py's: evaluate its actor alone
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)
     minibatch_size = batch_size // args.num_minibatches
     rollout_steps = batch_size * args.action_chunk  # env steps of a rollout
@@ -503,7 +514,7 @@ def main(args: Args) -> dict:
     if ckpt is not None:
         shared.load_model_state(agent, ckpt, ckpt_flag, path)
     frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = shared.RunLogger("ppo_vla_async", args, total_iterations=num_iterations)
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations)
     evaluator = shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     act = partial(eval_action, agent, deterministic=args.eval_deterministic, size=piece)
     if args.eval_checkpoint:  # evaluate a saved policy and exit
@@ -541,7 +552,7 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # only while the collector is paused: both sides at one point
         state = {
-            "script": "ppo_vla_async", "args": dataclasses.asdict(args),
+            "script": trainer["script"], "trainer": trainer, "args": dataclasses.asdict(args),
             "model": shared.model_state(agent), "frozen": frozen,  # what trains; the fingerprint of the rest
             "optimizer": optimizer.state_dict(), "iteration": consumed, "version": version, "global_step": global_step,
             "dropped": dropped, "num_iterations": num_iterations, "best_key": list(evaluator.best_key),

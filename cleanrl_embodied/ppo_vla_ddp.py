@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -44,8 +45,8 @@ from cleanrl_embodied import shared
 
 @dataclass
 class Args(shared.RunArgs):  # RunArgs (shared/cli.py): run dir, env options, evaluation, checkpoints, --policy-kwargs
-    exp_name: str = "ppo_vla_ddp"
-    """the name of this experiment (part of the run directory name)"""
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run directory name); default: this file's name"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch and the environments)"""
     torch_deterministic: bool = True
@@ -162,9 +163,10 @@ and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/b
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
-def make_agent(envs, args: Args) -> nn.Module:
+def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
     """The module `--policy module:factory` builds for the envs' observations and one decision's action space: the
-    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks."""
+    env's, or with --action-chunk K > 1 a chunk of K of them ([K, D]); one line if the envs cannot run chunks.
+    `value_head`: V(obs) is the policy's own (a critic warm-up then needs its `value_parameters`)."""
     if args.action_chunk > 1 and not shared.supports_partial_reset(envs):
         shared.fail(
             f"--action-chunk {args.action_chunk}: {type(envs.unwrapped).__name__} cannot reset a subset of its envs, "
@@ -172,10 +174,10 @@ def make_agent(envs, args: Args) -> nn.Module:
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
     needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations else ()
+        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
     )
-    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space, action_space(envs, args),
-                        args, needs)  # fmt: skip
+    return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
+                               action_space(envs, args), args, needs)  # fmt: skip
 
 
 def action_space(envs, args: Args):
@@ -235,10 +237,17 @@ def in_pieces(fn: Callable, obs: torch.Tensor | TensorDict, size: int):
 
 
 def eval_action(
-    agent: nn.Module, obs: torch.Tensor | TensorDict, generator: torch.Generator, deterministic: bool, size: int
+    agent: nn.Module,
+    obs: torch.Tensor | TensorDict,
+    generator: torch.Generator,
+    starts: torch.Tensor,
+    deterministic: bool,
+    size: int,
 ) -> torch.Tensor:
     """The evaluation policy, in pieces of at most `size` observations: the distribution's mode (the Gaussian's
-    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1."""
+    mean, the most likely bin), or a sample drawn from the evaluator's own generator; a chunk [N, K, D] with K > 1.
+    `starts` (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory; the VLA
+    policies here have none."""
 
     def act(piece):
         dist = agent.dist(piece)
@@ -346,26 +355,29 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
+    trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
     ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
         args.resume,
         args.eval_checkpoint,
-        ["ppo_vla_ddp", "ppo_vla"],
+        trainer,
         env_options,
+        resumes=("ppo_vla",),
         same={k: flags[k] for k in ("policy", "policy_kwargs", *ACTION_ARGS)},
         resume_same={k: flags[k] for k in ("num_envs", "num_steps", "learning_rate", "anneal_lr", "fsdp")},
         read=rank == 0,  # the others get the content from rank 0
     )
     ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, ckpt_path)  # ppo_vla.py's: evaluate its actor alone
     with shared.process_group(args.backend, args.cuda, args.dist_timeout_s) as (device, _backend):
-        return train(args, env_options, (ckpt, ckpt_flag, ckpt_path), dist.get_rank(), dist.get_world_size(), device)
+        start = (trainer, ckpt, ckpt_flag, ckpt_path)
+        return train(args, env_options, start, dist.get_rank(), dist.get_world_size(), device)
 
 
 def train(
     args: Args, env_options: shared.EnvOptions, start: tuple, rank: int, world_size: int, device: torch.device
 ) -> dict:
-    ckpt, ckpt_flag, ckpt_path = start  # the checkpoint of --resume / --eval-checkpoint (rank 0 read it), flag, path
+    trainer, ckpt, ckpt_flag, ckpt_path = start  # this file's record; --resume / --eval-checkpoint's (rank 0 read it)
     batch_size = args.num_envs * args.num_steps  # decisions per rank and rollout (each runs --action-chunk steps)
     minibatch_size = batch_size // args.num_minibatches  # per rank
     steps_per_iteration = batch_size * args.action_chunk * world_size  # env steps of all ranks per iteration
@@ -387,7 +399,7 @@ def train(
     if ckpt is not None:  # (after the broadcast: every rank checks the same frozen weights, so all agree)
         shared.load_model_state(agent, ckpt, ckpt_flag, ckpt_path, show=rank == 0)
     frozen = shared.frozen_fingerprint(agent)  # what checkpoints record of the weights they leave out
-    logger = shared.RunLogger("ppo_vla_ddp", args, total_iterations=num_iterations) if rank == 0 else None
+    logger = shared.RunLogger(trainer, args, total_iterations=num_iterations) if rank == 0 else None
     evaluator = rank == 0 and shared.Evaluator(eval_envs, logger, args.seed, args.num_eval_episodes, args.capture_video)
     agent_inference = agent  # what the rollout and evaluations act with: with --fsdp a copy sharing the frozen
     if args.fsdp:  # weights, its own trainable ones whole (the agent holds shards of them), refreshed after each update
@@ -456,7 +468,8 @@ def train(
 
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
         state = {
-            "script": "ppo_vla_ddp",
+            "script": trainer["script"],
+            "trainer": trainer,
             "args": dataclasses.asdict(args),
             "model": pieces[0]["model"],  # trainable parameters and buffers, whole (gathered with --fsdp)
             "frozen": frozen,

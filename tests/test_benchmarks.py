@@ -613,7 +613,7 @@ def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
     def first_obs(env, reset_seed, action):
         seen = []
 
-        def act(obs, generator):
+        def act(obs, generator, starts):
             seen.append(obs.clone())
             return torch.full((env.num_envs, 3), action)
 

@@ -93,9 +93,9 @@ def test_an_evaluation_on_an_env_without_a_time_limit_stops_with_one_line():
 
     env = counting_env(terminate_at=[0, 0], max_steps=10**9)  # episodes never end
     with pytest.raises(SystemExit) as e:
-        evaluate(lambda obs, generator: torch.zeros(2, 1), env, 2, seed=0, max_decisions=50)
+        evaluate(lambda obs, generator, starts: torch.zeros(2, 1), env, 2, seed=0, max_decisions=50)
     message = str(e.value.code)
     assert message.startswith("error: evaluation: 2 of 2 eval envs") and "max_episode_steps" in message
     assert "\n" not in message
-    chunked = evaluate(lambda obs, generator: torch.zeros(2, 3, 1), counting_env([2, 4], 10), 2, seed=0)
+    chunked = evaluate(lambda obs, generator, starts: torch.zeros(2, 3, 1), counting_env([2, 4], 10), 2, seed=0)
     assert chunked["episodic_length"] == 3.0  # episodes of 2 and 4 steps, each run as chunks of 3

@@ -94,12 +94,9 @@ def trainer_policy(checkpoint: str):
     module = {"ppo_continuous": ppo_continuous, "grpo": grpo, "ppo_ddp": ppo_ddp, "ppo_vla": ppo_vla}[ckpt["script"]]
     args = module.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items()})
     envs = shared.make_env(args.env_id, num_envs=2, seed=0, **json.loads(args.env_kwargs))
-    if ckpt["script"] == "grpo":
-        spaces = (envs.single_observation_space, envs.single_action_space)
-        agent = grpo.Actor(*spaces, args) if args.policy is None else shared.build_policy(
-            args.policy, args.policy_kwargs, *spaces, args, needs=("dist",))  # fmt: skip
-    else:
-        agent = module.make_agent(envs, args)
+    agent = module.make_agent(envs, args)
+    if getattr(args, "privileged_critic", False) and module is ppo_vla:  # as ppo_vla.main wraps it
+        agent = ppo_vla.PrivilegedCritic(agent, envs.single_observation_space)
     agent.load_state_dict(ckpt["model"], strict=False)
     return module, args, agent.eval()
 
@@ -123,9 +120,9 @@ def trainer_actions(checkpoint: str, obs, clip: bool = True) -> torch.Tensor:
     module, args, agent = trainer_policy(checkpoint)
     with torch.no_grad():
         if module is ppo_vla:
-            action = ppo_vla.eval_action(agent, obs, None, deterministic=True, size=10**9)
+            action = ppo_vla.eval_action(agent, obs, None, None, deterministic=True, size=10**9)
         else:
-            action = module.eval_action(agent, obs, None, deterministic=True)
+            action = module.eval_action(agent, obs, None, None, deterministic=True)
     return action.clamp(-1.0, 1.0) if clip else action  # PushCubeRL's action bounds
 
 
@@ -283,7 +280,8 @@ def test_a_lora_vla_is_exported_merged_and_reloads_with_from_pretrained_as_the_p
         mine, theirs = policy.dist(obs), loaded.dist(obs)
         assert torch.allclose(mine.logits, theirs.logits, rtol=0, atol=1e-5)
         assert torch.equal(
-            ppo_vla.eval_action(policy, obs, None, True, 64), ppo_vla.eval_action(loaded, obs, None, True, 64)
+            ppo_vla.eval_action(policy, obs, None, None, True, 64),
+            ppo_vla.eval_action(loaded, obs, None, None, True, 64),
         )
 
 
@@ -328,14 +326,13 @@ def test_a_vla_with_a_privileged_critic_exports_its_actor_in_every_format(tmp_pa
 
 
 # ---- bad input: one line ------------------------------------------------------------------------------------------
-def test_a_checkpoint_of_an_unknown_script_is_one_line_naming_the_supported_ones(tmp_path):
+def test_a_checkpoint_of_a_trainer_file_that_is_not_here_is_one_line_asking_for_it(tmp_path):
     path = tmp_path / "other.pt"
     torch.save({"script": "sac", "args": {}, "model": {}}, path)
     with pytest.raises(SystemExit) as e:
         run_export(str(path), tmp_path / "out")
     line = one_line_exit(e)
-    assert "--checkpoint" in line and "sac.py" in line
-    assert all(f"{script}.py" in line for script in export.SCRIPTS)
+    assert "--checkpoint" in line and "sac.py" in line and "--trainer" in line
     with pytest.raises(SystemExit) as e:
         run_export(str(tmp_path / "missing.pt"), tmp_path / "out")
     assert "--checkpoint" in one_line_exit(e) and "missing.pt" in one_line_exit(e)

@@ -345,7 +345,7 @@ def test_gymnasium_rewards_and_metrics_at_episode_ends_come_from_the_last_step(v
         assert info["rewards"]["a"].tolist() == [1.0, 1.0, 1.0], (terminated, info["rewards"])
         assert info["metrics"]["m"].tolist() == [7.0, 7.0, 7.0], (terminated, info["metrics"])
     assert ends == 6
-    result = evaluate(lambda obs, gen: torch.zeros(obs.shape[0], 1), env, 4, seed=5)
+    result = evaluate(lambda obs, gen, starts: torch.zeros(obs.shape[0], 1), env, 4, seed=5)
     assert result["m"] == 7.0 and result["episodic_length"] == 3.0
     env.close()
 

@@ -80,8 +80,8 @@ def test_the_actor_never_reads_the_privileged_entry_and_the_privileged_critic_re
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for deterministic in (True, False):
-            a = module.eval_action(agent, obs, generator.manual_seed(1), deterministic)
-            b = module.eval_action(agent, changed, generator.manual_seed(1), deterministic)
+            a = module.eval_action(agent, obs, generator.manual_seed(1), None, deterministic)
+            b = module.eval_action(agent, changed, generator.manual_seed(1), None, deterministic)
             assert torch.equal(a, b)
         (dist_a, value_a), (dist_b, value_b) = agent(obs), agent(changed)
         assert torch.equal(dist_a.mean, dist_b.mean) and torch.equal(dist_a.stddev, dist_b.stddev)
@@ -154,7 +154,7 @@ def test_ppo_vla_privileged_critic_values_from_the_privileged_entry_and_acts_wit
                         num_eval_envs=4, num_eval_episodes=4, eval_freq=0, save_freq=0, cuda=False, compile="off",
                         total_timesteps=2 * 32, output_dir=str(tmp_path / "run"))  # fmt: skip
     env = shared.make_env("PushCubeLangRL", 8, "cpu", seed=0, **env_kwargs)
-    agent = ppo_vla.make_agent(env, args)
+    agent = ppo_vla.PrivilegedCritic(ppo_vla.make_agent(env, args, value_head=False), env.single_observation_space)
     assert agent.privileged_keys == (shared.PRIVILEGED_KEY,)
     obs, _ = env.reset(seed=0)
     changed = obs.clone()
@@ -197,8 +197,8 @@ def test_a_ppo_vla_privileged_critic_checkpoint_evaluates_its_actor_in_ppo_vla_d
 ):
     """ppo_vla_ddp.py has no --privileged-critic: with --eval-checkpoint it evaluates the actor of such a ppo_vla.py
     checkpoint (the policy inside the wrapper, frozen weights included, as ppo_vla.py evaluates it); --resume is one
-    line naming the flag (the run would go on without the critic it trained). ppo_vla_async.py takes only its own
-    checkpoints (one line)."""
+    line naming the flag (the run would go on without the critic it trained). ppo_vla_async.py, whose network code is
+    ppo_vla.py's, evaluates it the same way and refuses to resume it (a run of another file), naming both files."""
     from cleanrl_embodied import ppo_vla, ppo_vla_async, ppo_vla_ddp
 
     common = dict(
@@ -222,8 +222,10 @@ def test_a_ppo_vla_privileged_critic_checkpoint_evaluates_its_actor_in_ppo_vla_d
     message = str(e.value.code)
     assert message.startswith("error: --resume") and "--privileged-critic" in message and "ppo_vla.py" in message
     assert "\n" not in message
-    for flag in ("resume", "eval_checkpoint"):
-        with pytest.raises(SystemExit) as e:
-            ppo_vla_async.main(ppo_vla_async.Args(**{flag: last}, output_dir=str(tmp_path / "d"), **common))
-        assert "not a checkpoint of ppo_vla_async.py (it is from ppo_vla.py)" in str(e.value.code)
-        assert "\n" not in str(e.value.code)
+    evaluated = ppo_vla_async.main(ppo_vla_async.Args(eval_checkpoint=last, output_dir=str(tmp_path / "d"), **common))
+    assert evaluated["eval"] == reference["eval"]
+    with pytest.raises(SystemExit) as e:
+        ppo_vla_async.main(ppo_vla_async.Args(resume=last, output_dir=str(tmp_path / "e"), **common))
+    message = str(e.value.code)
+    assert message.startswith("error: --resume") and "\n" not in message
+    assert str(Path(ppo_vla.__file__).resolve()) in message and str(Path(ppo_vla_async.__file__).resolve()) in message

@@ -40,7 +40,7 @@ def test_sampled_evaluation_draws_from_another_stream_than_the_eval_env():
     env = make_env("PushCubeRL", num_envs=2, seed=0)
     states = []
 
-    def act(obs, gen):
+    def act(obs, gen, starts):
         states.append(gen.get_state())
         return torch.zeros(obs.shape[0], env.single_action_space.shape[0])
 
@@ -67,9 +67,9 @@ def test_every_stream_of_a_run_has_its_own_seed(tmp_path, name, monkeypatch):
     monkeypatch.setattr(torch, "manual_seed", lambda seed: seeds["torch"].append(int(seed)) or manual_seed(seed))
 
     def recording_evaluate(act, env, num_episodes, seed, *rest):
-        def sampling(obs, gen):
+        def sampling(obs, gen, starts):
             seeds["eval_actions"].append(gen.initial_seed())
-            return act(obs, gen)
+            return act(obs, gen, starts)
 
         seeds["eval_reset"].append(seed)
         return evaluate_(sampling, env, num_episodes, seed, *rest)

@@ -47,7 +47,7 @@ def test_every_evaluation_starts_from_fresh_reproducible_starts(tmp_path):
     env.reset(seed=0)
 
     def recorder(calls: list):
-        def act(obs, generator):  # a sampling policy: it draws from the generator evaluate() hands it
+        def act(obs, generator, starts):  # a sampling policy: it draws from the generator evaluate() hands it
             calls.append(obs.clone())
             return 2 * torch.rand(obs.shape[0], 7, generator=generator) - 1
 

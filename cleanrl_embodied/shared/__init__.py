@@ -61,6 +61,7 @@ from cleanrl_embodied.shared.tensordict_helpers import (
     state_dim,
     token_spaces,
 )
+from cleanrl_embodied.shared.trainer_file import describe_trainer
 
 __all__ = [
     "BUILTIN_ENV_IDS",
@@ -88,6 +89,7 @@ __all__ = [
     "chunk_space",
     "compile_choice",
     "compiler",
+    "describe_trainer",
     "copy_unsharded_into",
     "env_record",
     "env_state_dict",

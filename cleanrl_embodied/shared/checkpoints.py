@@ -23,9 +23,10 @@ from gymnasium.envs.registration import load_env_creator
 
 from cleanrl_embodied.shared.builders import EnvOptions
 from cleanrl_embodied.shared.cli import fail, flag
-from cleanrl_embodied.shared.envs import BUILTIN_ENVS, resolve_env_id
-from cleanrl_embodied.shared.envs.wrappers import FlattenDictObservation
+from cleanrl_embodied.shared.envs import BUILTIN_ENVS, OBSERVATION_KWARGS, resolve_env_id
+from cleanrl_embodied.shared.envs.wrappers import FlattenDictObservation, SelectObservation
 from cleanrl_embodied.shared.tensordict_helpers import flat_dim
+from cleanrl_embodied.shared.trainer_file import network_differences
 
 __all__ = [
     "HARMLESS_ENV_KWARGS",
@@ -47,8 +48,8 @@ __all__ = [
 HARMLESS_ENV_KWARGS = ("randomize_interval", "info_keys", "render_mode", "max_episode_steps")
 """Env options that change neither what a policy sees nor what its actions mean, whatever the env: a checkpoint may
 be resumed or evaluated with other values. For the built-in tasks (PushCubeRL, PushCubeLangRL) only their
-``INTERFACE_KWARGS`` (and ``flatten_obs``) must match; for every other id (whose options this code cannot judge)
-every option but these."""
+``INTERFACE_KWARGS`` and make_env's ``OBSERVATION_KWARGS`` (``flatten_obs``, ``obs_indices``, ``obs_keys``) must
+match; for every other id (whose options this code cannot judge) every option but these."""
 
 
 SPLIT_OFF = {"ppo_continuous": "ppo_vla", "ppo_ddp": "ppo_vla_ddp", "ppo_async": "ppo_vla_async", "grpo": "grpo_vla"}
@@ -81,12 +82,15 @@ def _leaves(space: gym.Space, prefix: tuple[str, ...] = ()) -> list[list]:
 def observation_layout(envs) -> dict:
     """What a policy of ``envs`` is fed: the observation's leaves (``[key path, shape, dtype]`` in sorted key-path
     order, the order in which flattening and the trainers' state vectors concatenate them; one leaf with path ""
-    for a Box) and whether make_env ``flattened`` a Dict of them into one vector."""
-    env = envs
+    for a Box) and whether make_env ``flattened`` a Dict of them into one vector (then ``indices``: the positions of
+    that vector its ``obs_indices`` kept, where it has them)."""
+    env, indices = envs, None
     while not isinstance(env, FlattenDictObservation) and env is not env.unwrapped and hasattr(env, "env"):
+        indices = env.indices if isinstance(env, SelectObservation) else indices  # (obs_indices of the flat vector)
         env = env.env
     if isinstance(env, FlattenDictObservation):
-        return {"flattened": True, "leaves": _leaves(env.env.single_observation_space)}
+        layout = {"flattened": True, "leaves": _leaves(env.env.single_observation_space)}
+        return layout if indices is None else {**layout, "indices": indices}
     return {"flattened": False, "leaves": _leaves(envs.single_observation_space)}
 
 
@@ -129,7 +133,7 @@ def _env_differences(env_id: str, theirs: dict, ours: dict) -> list[tuple[str, A
     if resolve_env_id(env_id) in BUILTIN_ENVS:
         from cleanrl_embodied.shared.envs.push_cube import INTERFACE_KWARGS
 
-        interface = lambda key: key in (*INTERFACE_KWARGS, "flatten_obs")  # noqa: E731
+        interface = lambda key: key in (*INTERFACE_KWARGS, *OBSERVATION_KWARGS)  # noqa: E731
     else:
         interface = lambda key: key not in HARMLESS_ENV_KWARGS  # noqa: E731
     defaults, differences = _env_defaults(env_id), []
@@ -178,15 +182,27 @@ def _check_env(ckpt: dict, path: str, flag_name: str, options: EnvOptions, eval_
 def load_checkpoint(
     path: str,
     flag_name: str,
-    scripts: Iterable[str],
+    scripts: Iterable[str] | None,
     same: dict[str, Any],
     env: EnvOptions | None = None,
     eval_envs: bool = False,
     show: bool = True,
+    trainer: dict | None = None,
 ) -> dict:
     """Load ``path`` on the CPU (``weights_only=True``) and check it can serve this run.
 
-    ``scripts``: trainers whose checkpoints are accepted (their ``"script"`` entry), the loading one first;
+    Which trainer's checkpoints are accepted (docs/runs.md, "Which file a checkpoint belongs to"):
+
+    - ``trainer``: the loading file's record (``shared.describe_trainer(__file__)``). A checkpoint that records the
+      network of the file that wrote it is accepted when that network is this file's (the same code builds and runs
+      it: ``shared.trainer_file``), whatever the file's name; otherwise one line names both files and the
+      definitions that differ. For ``--resume`` (``flag_name`` "resume") its ``script`` must also be one of
+      ``scripts``: the rest of what a resume reads (optimizer, reward trace, env state) is laid out by the trainer
+      that wrote it.
+    - ``scripts``: the names whose checkpoints are accepted (the loading one first, then the trainers it also
+      continues), for ``--resume`` and for checkpoints written before trainers recorded their network, which are
+      judged by name alone; None: any.
+
     ``same``: {Args field: this run's value} of the flags that must equal the checkpoint's (each mismatch is one line
     naming the flag; a flag the checkpoint's trainer did not have is not compared); ``env``: the env options this run
     uses the checkpoint's policy with (its training envs, or its eval envs with ``eval_envs``), which must agree with
@@ -194,7 +210,7 @@ def load_checkpoint(
     :data:`HARMLESS_ENV_KWARGS`; None: not checked). Fails with one line for a missing or unreadable file, another
     trainer's checkpoint or a mismatch.
     """
-    scripts = tuple(scripts)
+    scripts = None if scripts is None else tuple(scripts)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -202,12 +218,17 @@ def load_checkpoint(
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user mistake
         reason = (str(e).strip().splitlines() or [""])[0]
         fail(f"{flag(flag_name)} {path}: not a readable checkpoint ({type(e).__name__}: {reason})", show)
-    if not isinstance(ckpt, dict) or ckpt.get("script") not in scripts or not isinstance(ckpt.get("args"), dict):
-        found = ckpt.get("script") if isinstance(ckpt, dict) else None
-        split = isinstance(found, str) and SPLIT_OFF.get(found) in scripts  # (the VLA trainer's forerunner)
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("script"), str) or not isinstance(ckpt.get("args"), dict):
+        fail(f"{flag(flag_name)} {path}: not a checkpoint of a trainer (no script and args entries)", show)
+    writer = ckpt.get("trainer")
+    if trainer is not None and isinstance(writer, dict) and "network" in writer:
+        _check_trainer(ckpt, path, flag_name, scripts, trainer, show)
+    elif scripts is not None and ckpt["script"] not in scripts:
+        found = ckpt["script"]
+        split = SPLIT_OFF.get(found) in scripts  # (the VLA trainer's forerunner)
         fail(
-            f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)}"
-            + (f" (it is from {found}.py)" if found else "")
+            f"{flag(flag_name)} {path}: not a checkpoint of {' or '.join(s + '.py' for s in scripts)} (it is from "
+            f"{found}.py)"
             + (
                 f": a checkpoint of {found}.py, whose policies {scripts[0]}.py does not read (a checkpoint of the "
                 f"old {found}.py, from before the VLA trainers split off, resumes only with the version that wrote "
@@ -219,7 +240,7 @@ def load_checkpoint(
         )
     used = [f"{flag(k)} {ckpt['args'][k]}" for k, ok in VLA_ONLY_FLAGS.items() if ckpt["args"].get(k, ok) != ok]
     if used and ckpt["script"] in SPLIT_OFF:  # the VLA sibling of the trainer that loads it (listed first)
-        vla = SPLIT_OFF.get(scripts[0], SPLIT_OFF[ckpt["script"]])
+        vla = SPLIT_OFF.get((scripts or ("",))[0], SPLIT_OFF[ckpt["script"]])
         fail(
             f"{flag(flag_name)} {path}: written by the old {ckpt['script']}.py with {', '.join(used)}, which only "
             f"{vla}.py has since the VLA trainers split off: train such a policy with {vla}.py, or use this checkpoint "
@@ -242,25 +263,56 @@ def load_checkpoint(
     return ckpt
 
 
+def _check_trainer(ckpt: dict, path: str, flag_name: str, scripts, trainer: dict, show: bool) -> None:
+    """The rule of :func:`load_checkpoint` for a checkpoint that records the file that wrote it."""
+    writer, here = ckpt["trainer"], trainer["path"]
+    there = writer.get("path") or f"{ckpt['script']}.py"
+    differences = network_differences(writer["network"], trainer["network"])
+    if differences:
+        fail(
+            f"{flag(flag_name)} {path}: written by {there}, whose network code is not this file's ({here}): "
+            f"{', '.join(differences)}; use the checkpoint with the file that wrote it",
+            show,
+        )
+    if flag_name == "resume" and scripts is not None and ckpt["script"] not in scripts:
+        fail(
+            f"--resume {path}: written by {there}, a run that {trainer['script']}.py ({here}) does not continue (it "
+            f"resumes the runs of {' and '.join(s + '.py' for s in scripts)}); resume it with the file that wrote it",
+            show,
+        )
+    if show and writer.get("sha256") != trainer["sha256"]:
+        what = "another file" if writer.get("path") != here else "this file as it was then"
+        print(
+            f"note: {flag(flag_name)} {path}: written by {what} ({there}, sha256 {str(writer.get('sha256'))[:12]}, "
+            f"here {trainer['sha256'][:12]}); its network code is this file's",
+            flush=True,
+        )
+
+
 def load_start(
     resume: str | None,
     eval_checkpoint: str | None,
-    scripts: Iterable[str],
+    trainer: dict,
     env: EnvOptions,
     same: dict[str, Any],
     resume_same: dict[str, Any] | None = None,
+    resumes: Iterable[str] = (),
     read: bool = True,
 ) -> tuple[dict | None, str, str | None]:
     """The checkpoint ``--resume`` or ``--eval-checkpoint`` names (None if neither is given), that flag's name and the
-    path, for later messages. ``same``: {Args field: value} of what both uses must share with the checkpoint (the
-    network and what it sees, besides the env id and options, which ``env`` gives); ``resume_same``: what a resumed
-    run must also keep (see :func:`load_checkpoint`). ``read=False`` (DDP ranks other than 0, which get the content
-    by broadcast): nothing is read."""
+    path, for later messages. ``trainer``: the loading file's record (``shared.describe_trainer(__file__)``); the
+    checkpoint must come from a file with the same network code, and a resumed one from this file or one of
+    ``resumes`` (names of the trainers whose runs this one also continues; see :func:`load_checkpoint`). ``same``:
+    {Args field: value} of what both uses must share with the checkpoint (the network and what it sees, besides the
+    env id and options, which ``env`` gives); ``resume_same``: what a resumed run must also keep. ``read=False`` (DDP
+    ranks other than 0, which get the content by broadcast): nothing is read."""
     flag_name, path = ("resume", resume) if resume else ("eval_checkpoint", eval_checkpoint)
     if not path or not read:
         return None, flag_name, path
     same = {**same, **(resume_same or {})} if resume else same
-    return load_checkpoint(path, flag_name, scripts, same, env, eval_envs=not resume), flag_name, path
+    scripts = (trainer["script"], *resumes)
+    ckpt = load_checkpoint(path, flag_name, scripts, same, env, eval_envs=not resume, trainer=trainer)
+    return ckpt, flag_name, path
 
 
 def _describe_leaf(leaf: list | None) -> str:
@@ -293,6 +345,8 @@ def check_env_sizes(envs, *checkpoints: tuple[dict | None, str], show: bool = Tr
                 if theirs["flattened"]
                 else "not flattened, here they are"
             )
+        elif theirs["leaves"] == layout["leaves"]:  # the same entries, other positions kept of the flat vector
+            what = f"obs_indices kept {theirs.get('indices')} of the flat observation, here {layout.get('indices')}"
         else:
             n = max(len(theirs["leaves"]), len(layout["leaves"]))
             there, here = ([*leaves, *[None] * (n - len(leaves))] for leaves in (theirs["leaves"], layout["leaves"]))
@@ -374,15 +428,26 @@ def load_model_state(module: torch.nn.Module, ckpt: dict, flag_name: str, path: 
             "checkpoint was trained on; build them as that run did (the same --policy-kwargs model_path, --seed)",
             show,
         )
-    expected = set(model_state(module)) if ckpt.get("frozen") is not None else set(module.state_dict())
-    if set(ckpt["model"]) != expected:
-        missing, extra = sorted(expected - set(ckpt["model"])), sorted(set(ckpt["model"]) - expected)
-        fail(
-            f"{flag(flag_name)} {path}: the checkpoint's model does not fit this policy (missing {missing[:3]}, "
-            f"unexpected {extra[:3]}); pass the --policy and --policy-kwargs it was trained with",
-            show,
-        )
+    ours = model_state(module) if ckpt.get("frozen") is not None else module.state_dict()
+    shapes = [k for k, v in ckpt["model"].items() if k in ours and tuple(v.shape) != tuple(ours[k].shape)]
+    if set(ckpt["model"]) != set(ours) or shapes:
+        missing, extra = sorted(set(ours) - set(ckpt["model"])), sorted(set(ckpt["model"]) - set(ours))
+        what = f"missing {missing[:3]}, unexpected {extra[:3]}" if missing or extra else f"other shapes of {shapes[:3]}"
+        fail(f"{flag(flag_name)} {path}: the checkpoint's model does not fit the network built here ({what}); "
+             f"{_misfit_cause(ckpt)}", show)  # fmt: skip
     module.load_state_dict(ckpt["model"], strict=False)
+
+
+def _misfit_cause(ckpt: dict) -> str:
+    """Why a checkpoint that passed :func:`load_checkpoint` can still not fit the network built from its flags."""
+    policy = ckpt["args"].get("policy")
+    if policy:
+        return (f"--policy {policy} builds another network than the one that trained it (its code changed since, or "
+                "it builds by --policy-kwargs or --seed)")  # fmt: skip
+    if not isinstance(ckpt.get("trainer"), dict):
+        return (f"it was written by a {ckpt['script']}.py from before checkpoints recorded their trainer's network "
+                "(a copy whose network was changed?): use it with the file that wrote it")  # fmt: skip
+    return "the network code outside the trainer file (shared/) changed since it was written"
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, sharded: torch.nn.Module | None = None) -> None:

@@ -22,7 +22,10 @@ from cleanrl_embodied.shared.runtime import stream_seed
 
 __all__ = ["Evaluator", "caption", "evaluate", "evaluation_seed"]
 
-Act = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+Act = Callable[[torch.Tensor | TensorDict, torch.Generator, torch.Tensor], torch.Tensor]
+"""``act(obs, generator, starts)`` -> actions: ``starts`` (bool [N]) marks the envs whose ``obs`` begins an episode
+(all of them after the reset, then those whose episode ended at the last step), where a policy with memory resets
+its state; a memoryless policy ignores it."""
 
 
 def evaluation_seed(seed: int, global_step: int) -> int:
@@ -39,7 +42,8 @@ def evaluate(
     """Run ``num_episodes`` episodes (each of the N eval envs contributes its first ceil(num_episodes / N)
     completed ones) and average return, length, success and the env's ``info["metrics"]``.
 
-    ``act(obs, generator)`` returns the actions; sampling policies draw from ``generator``, seeded from ``seed``
+    ``act(obs, generator, starts)`` returns the actions (``starts``: see :data:`Act`; a recurrent policy resets its
+    memory there); sampling policies draw from ``generator``, seeded from ``seed``
     by its own stream (``stream_seed(seed, "eval_actions")``: not the env's ``seed`` itself, whose generator draws
     the starts), so evaluating never touches the training run's random streams. With ``video_frames`` a
     list, the first env's frames of its first episode are appended (``None`` where it can't render; every env
@@ -62,7 +66,7 @@ def evaluate(
     result_extra = {}
     if isinstance(obs, TensorDict) and INSTRUCTION_KEY in obs.keys():
         result_extra["instruction"] = decode_instructions(obs[INSTRUCTION_KEY][:1])[0]
-    decisions = 0
+    decisions, starts = 0, torch.ones(n, dtype=torch.bool, device=device)
     while bool((done_count < per_env).any()):
         if decisions == max_decisions:
             fail(
@@ -71,13 +75,14 @@ def evaluate(
                 "'{\"max_episode_steps\": 1000}', which the eval envs inherit)"
             )
         decisions += 1
-        action, frames = act(obs, gen), [] if video_frames is not None and int(done_count[0]) == 0 else None
+        action, frames = act(obs, gen, starts), [] if video_frames is not None and int(done_count[0]) == 0 else None
         if action.dim() == 3:  # a chunk of K actions [N, K, D]: the env runs them one by one
-            obs, *_, info = step_chunk(env, action, frames)
+            obs, _, _, terminated, truncated, info = step_chunk(env, action, frames)
         else:
-            obs, _, _, _, info = env.step(action)
+            obs, _, terminated, truncated, info = env.step(action)
             if frames is not None:
                 frames.append(env.render())
+        starts = terminated | truncated  # these envs' obs is the first of a new episode (SAME_STEP autoreset)
         has_success = has_success or "success" in info
         for frame in frames or ():
             video_frames.append(frame[0] if isinstance(frame, (list, tuple)) else frame)

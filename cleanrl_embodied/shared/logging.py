@@ -122,7 +122,7 @@ def _versions_cached() -> tuple[tuple[str, Any], ...]:
     sha = _git("rev-parse", "HEAD")
     dirty = None
     if sha:
-        status = _git("status", "--porcelain", "--untracked-files=no")
+        status = _git("status", "--porcelain")  # untracked files count: a new trainer or policy file is a change
         dirty = None if status is None else bool(status)
     info = {
         "python": platform.python_version(),
@@ -140,8 +140,10 @@ def versions() -> dict[str, Any]:
     """Versions of python, torch, gymnasium, tensordict, numpy, plus the git commit of this code.
 
     ``git_sha`` is ``git rev-parse HEAD`` of the repository holding this package (None when the
-    package is not in a git checkout or git is missing); ``git_dirty`` says whether tracked files
-    have uncommitted changes (None when unknown). Never raises; computed once per process.
+    package is not in a git checkout or git is missing); ``git_dirty`` says whether the working tree
+    differs from that commit: changed files, or untracked ones that .gitignore does not name (None
+    when unknown). The trainer file's own state is in summary.json's ``trainer`` (shared.trainer_file).
+    Never raises; computed once per process.
     """
     try:
         return dict(_versions_cached())
@@ -233,7 +235,8 @@ class RunLogger:
     run syncs the TensorBoard scalars; W&B keeps its local files in ``{output_dir}/wandb/``.
 
     Args:
-        script: name of the trainer, e.g. ``"ppo_continuous"`` (goes into summary.json).
+        trainer: the trainer file's record (``shared.describe_trainer(__file__)``: its ``script`` name goes into
+            summary.json's ``script``, the whole record into its ``trainer``), or just a name.
         args: the tyro ``Args`` dataclass (or a dict); stored as a JSON-safe dict (``self.args``). Its
             fields env_id, seed, exp_name, output_dir (default "runs"), track (default False),
             wandb_project_name and wandb_entity name and place the run.
@@ -241,8 +244,10 @@ class RunLogger:
         console: show the progress bar and ``write()`` messages; False keeps the console quiet.
     """
 
-    def __init__(self, script: str, args: Any, total_iterations: int | None = None, console: bool = True):
+    def __init__(self, trainer: dict | str, args: Any, total_iterations: int | None = None, console: bool = True):
         self.args = _args_dict(args)
+        self.trainer = trainer if isinstance(trainer, dict) else None
+        script = trainer["script"] if isinstance(trainer, dict) else trainer
         env_id, seed, exp_name = self.args["env_id"], self.args["seed"], self.args["exp_name"]
         output_dir = self.args.get("output_dir") or "runs"
         track = bool(self.args.get("track", False))
@@ -493,6 +498,8 @@ class RunLogger:
             "args": self.args,
             "versions": versions(),
         }
+        if self.trainer is not None:
+            summary["trainer"] = self.trainer
         clash = sorted(set(extra) & set(summary))
         if clash:
             raise ValueError(f"write_summary: extra keys {clash} would overwrite summary.json fields")

@@ -153,7 +153,7 @@ def bc_loss(policy: HFVLAPolicy, obs: TensorDict, targets: torch.Tensor, valid: 
 
 
 def evaluate_policy(policy: HFVLAPolicy, env, episodes: int, seed: int) -> dict:
-    def act(obs, generator):
+    def act(obs, generator, starts):  # (no memory: episode starts change nothing)
         return policy.env_action(policy.dist(obs).mode)
 
     return evaluate(act, env, episodes, seed)

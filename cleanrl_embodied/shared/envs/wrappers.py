@@ -251,6 +251,11 @@ class SelectObservation(VectorWrapper):
             self.single_observation_space = _select_space(space, paths)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
 
+    @property
+    def indices(self) -> list[int] | None:
+        """The kept positions of a flat observation (obs_indices), None when it keeps Dict entries."""
+        return None if self._index is None else self._index.tolist()
+
     def _select(self, obs):
         if self._paths is not None:
             return obs.select(*self._paths)
