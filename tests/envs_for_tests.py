@@ -41,6 +41,12 @@ other tests can inject faults:
 action ``[a0, a1]`` in ``[-1, 1]^2``, reward ``a0``, ``info["success"] = a1 > 0``, terminated at once. An
 evaluation with one episode per eval env is then one policy call, and its return and success rate are what that
 call's actions say.
+
+``Cue-v0`` (:class:`Cue`): a task only memory solves. The first observation shows a cue, +1 or -1 at random, then
+it is gone: observation ``[cue, 0]`` at the reset, ``[0, t / delay]`` after step t. The episode ends (terminated)
+at step ``delay + 1`` (``delay`` kwarg, default 3), whose reward is ``action * cue`` (the action clipped to
+``[-1, 1]``; every other step's is 0) and ``info["success"]`` whether its sign was the cue's. A policy without
+memory sees the same last observation for both cues: its expected return is 0 and its success 0.5.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ __all__ = ["PointReach"]
 
 ENV_IDS = ("PointReach-v0", "PointReachDict-v0", "PointReachPixels-v0")
 ECHO_ID = "Echo-v0"
+CUE_ID = "Cue-v0"
 PIXELS = 36  # the smallest image the trainers' CNN takes
 CONSTRUCTED: list[dict] = []
 
@@ -173,11 +180,37 @@ class Echo(gym.Env):
         return np.zeros(1, np.float32), float(action[0]), True, False, {"success": success}
 
 
+class Cue(gym.Env):
+    """See the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, delay: int = 3):
+        self.delay, self.cue, self.t = delay, 1.0, 0
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.cue, self.t = float(self.np_random.choice([-1.0, 1.0])), 0
+        return np.array([self.cue, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([0.0, self.t / self.delay], np.float32)
+        if self.t <= self.delay:
+            return obs, 0.0, False, False, {"success": False}
+        reward = float(np.clip(action[0], -1.0, 1.0)) * self.cue
+        return obs, reward, True, False, {"success": reward > 0}
+
+
 for _id, _kwargs in zip(ENV_IDS, ({}, {"dict_obs": True}, {"pixels": True})):
     if _id not in gym.registry:  # importing twice (or reloading) must not re-register
         gym.register(_id, entry_point=PointReach, max_episode_steps=50, kwargs=_kwargs)
 if ECHO_ID not in gym.registry:
     gym.register(ECHO_ID, entry_point=Echo, max_episode_steps=1)
+if CUE_ID not in gym.registry:
+    gym.register(CUE_ID, entry_point=Cue, max_episode_steps=50)
 
 
 def spaces(obs_dim: int, act_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Box]:

@@ -64,6 +64,8 @@ LANG = dict(env_id="PushCubeLangRL", policy="toy_policies:ToyVLA", num_envs=8, n
 # Sizes and learning rates are chosen so that PPO's clipping is active in the pinned iterations: a clip coefficient
 # that changes nothing in the run cannot be pinned by it.
 PIXELS = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32, "obs_cameras": ["top", "wrist"]})
+PRIVILEGED_PIXELS = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32, "privileged_state": True,
+                                "max_episode_steps": 10})  # fmt: skip
 TINY_VLA = json.dumps({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "patch_size": 8,
                        "action_stats": "env_bounds"})  # fmt: skip
 
@@ -78,6 +80,18 @@ FINGERPRINTS = {
         Fingerprint("ppo_continuous-pixels", "trainer", "ppo_continuous", dict(
             env_id="PushCubeRL", env_kwargs=PIXELS, eval_env_kwargs=PIXELS, num_envs=4, num_steps=16,
             total_timesteps=4 * 16 * 2, num_minibatches=2, update_epochs=2, num_eval_envs=2, num_eval_episodes=2)),
+        # the recurrent trainer: the POMDP Pendulum without its velocity (the Gymnasium adapter, obs_indices), an
+        # LSTM and both normalizers; and a GRU on pixels whose critic reads the privileged state without memory
+        Fingerprint("ppo_recurrent", "trainer", "ppo_recurrent", dict(
+            env_id="Pendulum-v1", env_kwargs=json.dumps({"obs_indices": [0, 1], "max_episode_steps": 30}), num_envs=4,
+            num_steps=50,
+            total_timesteps=4 * 50 * 3, num_minibatches=2, update_epochs=4, hidden_sizes=(32,), rnn_hidden_size=16,
+            norm_obs=True, norm_reward=True, clip_vloss=True, learning_rate=1e-2, gamma=0.99, gae_lambda=0.95,
+            target_kl=None)),
+        Fingerprint("ppo_recurrent-gru-pixels", "trainer", "ppo_recurrent", dict(
+            env_id="PushCubeRL", env_kwargs=PRIVILEGED_PIXELS, eval_env_kwargs=PRIVILEGED_PIXELS, num_envs=4,
+            num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2, update_epochs=2, num_eval_envs=2,
+            num_eval_episodes=2, rnn_type="gru", rnn_hidden_size=32, privileged_critic=True, norm_obs=True)),
         Fingerprint("grpo", "trainer", "grpo", dict(
             env_id="PushCubeRL", num_envs=16, group_size=4, num_steps=16, total_timesteps=16 * 16 * 3,
             num_minibatches=2, update_epochs=4, learning_rate=1e-2, hidden_sizes=(32, 32))),

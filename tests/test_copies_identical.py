@@ -11,8 +11,9 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "cleanrl_embodied"
 
-CLASSIC = ("ppo_continuous", "ppo_ddp", "grpo")
+CLASSIC = ("ppo_continuous", "ppo_ddp", "grpo", "ppo_recurrent")
 PPO_CLASSIC = ("ppo_continuous", "ppo_ddp")
+PPO_MEMORY = (*PPO_CLASSIC, "ppo_recurrent")  # what the recurrent trainer shares with the other classic PPOs
 PPO_VLA = ("ppo_vla", "ppo_vla_ddp", "ppo_vla_async")
 VLA = (*PPO_VLA, "grpo_vla")
 
@@ -30,9 +31,10 @@ COPIES: list[tuple[str, tuple[str, ...]]] = [
     ("policy_step", PPO_CLASSIC),
     ("eval_action", PPO_CLASSIC),
     ("ppo_loss", PPO_CLASSIC),
-    ("scale_rewards", PPO_CLASSIC),
+    ("clipped_loss", PPO_MEMORY),
+    ("scale_rewards", PPO_MEMORY),
     # GAE, in both families' PPO
-    ("compute_gae", (*PPO_CLASSIC, *PPO_VLA)),
+    ("compute_gae", (*PPO_MEMORY, *PPO_VLA)),
     ("normalize_advantages", PPO_VLA),
     # the VLA family's plumbing of the policy and its PPO
     ("ACTION_ARGS", VLA),

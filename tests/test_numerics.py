@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from tests import numerics
 from tests.numerics import FINGERPRINTS, REGENERATE, first_difference, run_env, run_trainer, run_two_ranks, write_golden
@@ -78,6 +79,17 @@ def test_a_loss_coefficient_10_percent_off_fails():
     constant scale of the critic's loss almost exactly: only the shared gradient clipping and Adam's epsilon see it.)"""
     _fails("ppo_continuous", run_trainer(FINGERPRINTS["ppo_continuous"], clip_coef=0.22))
     _fails("ppo_continuous-pixels", run_trainer(FINGERPRINTS["ppo_continuous-pixels"], vf_coef=0.55))
+
+
+def test_a_recurrent_update_that_carries_memory_across_episode_starts_fails(monkeypatch):
+    """The recurrent trainer's replay without the resets of the memory where episodes start (Pendulum's episodes end
+    inside its rollouts) moves ppo_recurrent's record."""
+    from cleanrl_embodied import ppo_recurrent
+
+    unroll = ppo_recurrent.Agent.unroll
+    monkeypatch.setattr(ppo_recurrent.Agent, "unroll", lambda self, obs, starts, state: unroll(
+        self, obs, torch.zeros_like(starts), state))  # fmt: skip
+    _fails("ppo_recurrent", run_trainer(FINGERPRINTS["ppo_recurrent"]))
 
 
 def test_a_reward_weight_10_percent_off_fails():

@@ -315,6 +315,62 @@ def still(obs_space, act_space, args, action: float = 0.0, value_scale: float | 
     return Still(obs_space, act_space, args)
 
 
+def still_recurrent(
+    obs_space,
+    act_space,
+    args,
+    action: float = 0.0,
+    value_scale: float = 1.0,
+    value_index: int = 0,
+    count_scale: float = 1.0,
+):
+    """`still` for ppo_recurrent.py, with a memory whose content is known: the first column of the critic's memory
+    counts the observations of the episode so far (zeroed where an episode starts, then one more at every step), and
+    V(obs, memory) is ``value_scale * obs[:, value_index] + count_scale * count`` (count: the observations before this
+    one in its episode), so a return target shows which memory the trainer valued an observation with. It records
+    into `PROBE` like `still` (``obs``, ``value``, ``value_grad`` of the first training forward, in the order the
+    update replays them: time-major over the minibatch's envs)."""
+    base = _agent_class(args)
+
+    class StillRecurrent(base):
+        def _value(self, obs, state, starts):
+            count = torch.where(starts, 0.0, state[:, self.actor_state_size])
+            critic = self.critic(torch.zeros(obs.shape[0], self.critic[0].in_features, device=obs.device))
+            value = value_scale * obs[:, value_index] + count_scale * count + 0.0 * critic.squeeze(-1)
+            after = torch.where(starts[:, None], 0.0, state).clone()
+            after[:, self.actor_state_size] = count + 1
+            return value, after
+
+        def _point(self, obs):
+            mean = torch.full((obs.shape[0], act_space.shape[0]), float(action), device=obs.device)
+            if not torch.is_grad_enabled() and obs.shape[0] == args.num_envs:
+                PROBE.setdefault("rollout", []).append(obs.detach().clone())
+            return PointMass(mean, self.actor_logstd)
+
+        def actor_step(self, obs, memory):
+            return self._point(obs), memory
+
+        def step(self, obs, state, starts):
+            value, after = self._value(obs, state, starts)
+            return self._point(obs), value, after
+
+        def get_value(self, obs, state, starts):
+            return self._value(obs, state, starts)[0]
+
+        def unroll(self, obs, starts, state):
+            values = []
+            for t in range(starts.shape[0]):
+                value, state = self._value(obs[t], state, starts[t])
+                values.append(value)
+            value, flat = torch.cat(values), obs.flatten(0, 1)
+            if torch.is_grad_enabled() and "obs" not in PROBE:
+                PROBE.update(obs=flat.detach().clone(), value=value.detach().clone())
+                value.register_hook(lambda grad: PROBE.__setitem__("value_grad", grad.detach().clone()))
+            return PointMass(torch.full((flat.shape[0], act_space.shape[0]), float(action)), self.actor_logstd), value
+
+    return StillRecurrent(obs_space, act_space, args)
+
+
 OBSERVED: list[tuple[bool, torch.Tensor]] = []
 """(grad enabled, observations) of every action-distribution call of an `observing` agent."""
 
