@@ -188,22 +188,41 @@ class PixelEncoder(nn.Module):
         return torch.cat([*images, *texts, state], -1)
 
 
-def rnn_cell(kind: str, in_dim: int, hidden: int) -> nn.RNNCellBase:
-    """An LSTM or GRU cell with orthogonal weights and zero biases (CleanRL's ppo_atari_lstm.py)."""
-    cell = (nn.LSTMCell if kind == "lstm" else nn.GRUCell)(in_dim, hidden)
-    for name, param in cell.named_parameters():
+def rnn(kind: str, in_dim: int, hidden: int) -> nn.RNNBase:
+    """A one-layer LSTM or GRU with orthogonal weights and zero biases (CleanRL's ppo_atari_lstm.py)."""
+    core = (nn.LSTM if kind == "lstm" else nn.GRU)(in_dim, hidden)
+    for name, param in core.named_parameters():
         nn.init.orthogonal_(param, 1.0) if "weight" in name else nn.init.constant_(param, 0.0)
-    return cell
+    return core
 
 
-def remember(cell: nn.RNNCellBase, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of a recurrent core: (its output [B, H], its memory after the step). A memory is one tensor per row:
-    [h, c] side by side for an LSTM ([B, 2H]), h for a GRU ([B, H])."""
-    if isinstance(cell, nn.LSTMCell):
-        h, c = cell(x, memory.chunk(2, -1))
-        return h, torch.cat([h, c], -1)
-    h = cell(x, memory)
-    return h, h
+def remember(core: nn.RNNBase, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A recurrent core over sequences x [T, S, F] from `memory` [S, M]: (its outputs [T, S, H], its memory after the
+    last step). A memory is one tensor per row: [h, c] side by side for an LSTM (M = 2H), h for a GRU (M = H)."""
+    if isinstance(core, nn.LSTM):
+        h, c = memory[None].chunk(2, -1)
+        out, (h, c) = core(x, (h.contiguous(), c.contiguous()))
+        return out, torch.cat([h[0], c[0]], -1)
+    out, h = core(x, memory[None].contiguous())
+    return out, h[0]
+
+
+def replay(core: nn.RNNBase, x: torch.Tensor, starts: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+    """A core's outputs [T, B, H] over env sequences x [T, B, F] from `memory` [B, M] at their first step, the memory
+    zeroed where `starts` [T, B]: each episode's piece of a sequence becomes a sequence of its own (from zeros, the
+    first from `memory`), padded to T, so the core runs over all of them in one call (rsl_rl pads episodes alike)."""
+    steps, envs = starts.shape
+    new = torch.cat([torch.ones_like(starts[:1]), starts[1:]])  # where a piece begins
+    pieces = new.sum(0)
+    first = pieces.cumsum(0) - pieces  # each env's first piece
+    piece = first + new.long().cumsum(0) - 1  # [T, B]: the piece each step belongs to
+    t = torch.arange(steps, device=starts.device)[:, None].expand(steps, envs)
+    at = t - torch.where(new, t, 0).cummax(0).values  # [T, B]: its position in that piece
+    padded = x.new_zeros(steps, int(pieces.sum()), x.shape[-1]).index_put((at, piece), x)
+    initial = memory.new_zeros(padded.shape[1], memory.shape[1]).index_put(
+        (first,), torch.where(starts[0, :, None], 0.0, memory)
+    )
+    return remember(core, padded, initial)[0][at, piece]
 
 
 class Agent(nn.Module):
@@ -222,13 +241,13 @@ class Agent(nn.Module):
         features = self.encoder.out_dim if self.encoder else num_floats
         self.action_shape, act_dim = act_space.shape, math.prod(act_space.shape)
         width = args.rnn_hidden_size * (2 if args.rnn_type == "lstm" else 1)  # one core's memory
-        self.actor_rnn = rnn_cell(args.rnn_type, features, args.rnn_hidden_size)
+        self.actor_rnn = rnn(args.rnn_type, features, args.rnn_hidden_size)
         self.privileged_keys = (shared.PRIVILEGED_KEY,) if args.privileged_critic else ()  # the critic's alone
         if args.privileged_critic:
             self.critic_rms = shared.RunningMeanStd((shared.privileged_dim(obs_space),))
             self.critic = mlp(shared.privileged_dim(obs_space), args.hidden_sizes, 1, out_std=1.0)
         else:
-            self.critic_rnn = rnn_cell(args.rnn_type, features, args.rnn_hidden_size)
+            self.critic_rnn = rnn(args.rnn_type, features, args.rnn_hidden_size)
             self.critic = mlp(args.rnn_hidden_size, args.hidden_sizes, 1, out_std=1.0)
         self.actor_state_size, self.state_size = width, width * (1 if args.privileged_critic else 2)
         self.actor_mean = mlp(args.rnn_hidden_size, args.hidden_sizes, act_dim, out_std=0.01)
@@ -253,44 +272,37 @@ class Agent(nn.Module):
 
     def actor_step(self, obs, memory: torch.Tensor) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """The action distribution at `obs` and the actor's memory after it (`memory`: [B, actor_state_size])."""
-        out, memory = remember(self.actor_rnn, self.features(obs), memory)
-        return self._dist(out), memory
+        out, memory = remember(self.actor_rnn, self.features(obs)[None], memory)
+        return self._dist(out[0]), memory
 
     def step(self, obs, state: torch.Tensor, starts: torch.Tensor) -> tuple[torch.distributions.Normal, ...]:
         """One time step of a batch: the memory is zeroed where an episode starts (`starts` [B]), then the action
         distribution, V(obs) and the state after the step."""
-        state, features = torch.where(starts[:, None], 0.0, state), self.features(obs)
+        state, features = torch.where(starts[:, None], 0.0, state), self.features(obs)[None]
         out, actor_memory = remember(self.actor_rnn, features, state[:, : self.actor_state_size])
         if self.privileged_keys:
-            return self._dist(out), self._privileged_value(obs), actor_memory
+            return self._dist(out[0]), self._privileged_value(obs), actor_memory
         value_out, critic_memory = remember(self.critic_rnn, features, state[:, self.actor_state_size :])
-        return self._dist(out), self.critic(value_out).squeeze(-1), torch.cat([actor_memory, critic_memory], -1)
+        return self._dist(out[0]), self.critic(value_out[0]).squeeze(-1), torch.cat([actor_memory, critic_memory], -1)
 
     def get_value(self, obs, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """V(obs) from `state` (zeroed where `starts`): the value of the step `step` would take."""
         if self.privileged_keys:
             return self._privileged_value(obs)
         state = torch.where(starts[:, None], 0.0, state[:, self.actor_state_size :])
-        return self.critic(remember(self.critic_rnn, self.features(obs), state)[0]).squeeze(-1)
+        return self.critic(remember(self.critic_rnn, self.features(obs)[None], state)[0][0]).squeeze(-1)
 
     def unroll(self, obs, starts: torch.Tensor, state: torch.Tensor) -> tuple[torch.distributions.Normal, ...]:
         """`step` over whole sequences, obs [T, B, ...] and starts [T, B] from `state` [B, state_size] at the first
         step: the action distributions and values of the T * B steps (time-major, flattened). The encoder and the
-        heads run on all steps at once, the cores step by step."""
-        steps, features = starts.shape[0], self.features(obs.flatten(0, 1)).unflatten(0, starts.shape)
-        actor_out, value_out = [], []
-        for t in range(steps):
-            state = torch.where(starts[t, :, None], 0.0, state)
-            out, actor_memory = remember(self.actor_rnn, features[t], state[:, : self.actor_state_size])
-            actor_out.append(out)
-            if not self.privileged_keys:
-                out, critic_memory = remember(self.critic_rnn, features[t], state[:, self.actor_state_size :])
-                value_out.append(out)
-                actor_memory = torch.cat([actor_memory, critic_memory], -1)
-            state = actor_memory
+        heads run on all steps at once, each core over all sequences at once (`replay`)."""
+        flat = obs.flatten(0, 1)
+        features = self.features(flat).unflatten(0, starts.shape)
+        actor = replay(self.actor_rnn, features, starts, state[:, : self.actor_state_size]).flatten(0, 1)
         if self.privileged_keys:
-            return self._dist(torch.cat(actor_out)), self._privileged_value(obs.flatten(0, 1))
-        return self._dist(torch.cat(actor_out)), self.critic(torch.cat(value_out)).squeeze(-1)
+            return self._dist(actor), self._privileged_value(flat)
+        critic = replay(self.critic_rnn, features, starts, state[:, self.actor_state_size :]).flatten(0, 1)
+        return self._dist(actor), self.critic(critic).squeeze(-1)
 
 
 def make_agent(envs, args: Args) -> nn.Module:
