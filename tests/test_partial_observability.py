@@ -142,7 +142,7 @@ def test_bad_selections_are_one_line_naming_the_option(env_id, kwargs, says):
 
 
 def test_the_options_are_inherited_by_the_eval_envs_and_named_for_checkpoints():
-    assert OBSERVATION_KWARGS == ("flatten_obs", "obs_indices", "obs_keys")
+    assert OBSERVATION_KWARGS == ("flatten_obs", "obs_indices", "obs_keys", "frame_stack")
     own = {"obs_indices": [0, 1], "obs_keys": ["robot"], "dropout_sensor": "cube", "dropout_rate": 0.1,
            "dropout_steps": [2, 3]}  # fmt: skip
     assert not set(own) & set(RANDOMIZATION_KWARGS)

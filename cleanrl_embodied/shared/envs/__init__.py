@@ -16,7 +16,7 @@ id (its docstring has the table); each backend lives in its own file:
 
 ``RANDOMIZATION_KWARGS`` names the env kwargs that randomize or disturb an env; the eval envs do not inherit them
 from ``--env-kwargs`` (``shared/cli.py``: ``env_kwargs_for``). ``OBSERVATION_KWARGS`` names make_env's own options
-that change what a policy sees (``flatten_obs``, ``obs_indices``, ``obs_keys``).
+that change what a policy sees (``flatten_obs``, ``obs_indices``, ``obs_keys``, ``frame_stack``).
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ from cleanrl_embodied.shared.envs import envpool_backend, maniskill  # neither i
 from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
     FlattenDictObservation,
+    FrameStack,
     IntervalRandomization,
     SelectObservation,
     flattens,
+    frame_stack_size,
     make_gymnasium_env,
     observation_indices,
     observation_keys,
@@ -83,7 +85,7 @@ RANDOMIZATION_KWARGS = (
 
 # make_env's own options that change what a policy sees (for every env id): a checkpoint resumes or evaluates only
 # with the same values. Not randomization: the eval envs inherit them (see RANDOMIZATION_KWARGS).
-OBSERVATION_KWARGS = ("flatten_obs", "obs_indices", "obs_keys")
+OBSERVATION_KWARGS = ("flatten_obs", "obs_indices", "obs_keys", "frame_stack")
 
 
 def _builtin_vector_entry_point(entry_point: str):
@@ -213,6 +215,10 @@ def make_env(
     ``"robot"`` or ``"object/cube_pos"``), applied before the flattening below, and ``obs_indices``, positions in a
     flat Box observation (after any flattening), in the order given: e.g. Pendulum-v1 with ``obs_indices=[0, 1]``
     sees cos and sin of its angle and not its velocity.
+    ``frame_stack=K`` (an integer >= 1; 1, the default, stacks nothing) gives the policy the latest K observations
+    side by side, oldest first (:class:`~.wrappers.FrameStack`: a flat ``[N, D]`` becomes ``[N, K * D]``; the
+    stack of the finished episode in ``info["final_obs"]``, a fresh one of the new episode's first observation in
+    ``obs``); it is applied last, to exactly what the policy would otherwise see.
     ``flatten_obs``: Dict observations become one float32 vector (True), stay TensorDicts with their dtypes
     (False; also ``info["final_obs"]``), or (None, the default) are flattened unless they hold an image
     (a uint8 ``[3, H, W]`` leaf): state stays a vector, pixels stay pixels.
@@ -228,6 +234,7 @@ def make_env(
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium and EnvPool ids; the other backends pass all entries
     obs_indices, obs_keys = env_kwargs.pop("obs_indices", None), env_kwargs.pop("obs_keys", None)
+    frame_stack = frame_stack_size(env_kwargs.pop("frame_stack", 1))
     if obs_indices is not None:  # (their types before an env is built; their values against its space below)
         obs_indices = observation_indices(obs_indices)
     if obs_keys is not None:
@@ -253,6 +260,8 @@ def make_env(
                 env = FlattenDictObservation(env)
         if obs_indices is not None:
             env = SelectObservation(env, indices=obs_indices)
+        if frame_stack > 1:  # the outermost observation wrapper: it stacks what the policy would see
+            env = FrameStack(env, frame_stack)
     except ValueError:
         env.close()
         raise
@@ -271,8 +280,8 @@ def _layers(env: VectorEnv) -> list:
 
 def env_state_dict(env: VectorEnv) -> dict | None:
     """Everything needed to continue `env` exactly (for checkpoints): the raw env's ``state_dict()`` and that
-    of every wrapper that has one (episode statistics, interval randomization), keyed by class name, with
-    tensors on the CPU. None when the raw env cannot save its state (numpy Gymnasium sub-envs, ManiSkill)."""
+    of every wrapper that has one (episode statistics, interval randomization, the frame stack), keyed by class
+    name, with tensors on the CPU. None when the raw env cannot save its state (numpy Gymnasium sub-envs, ManiSkill)."""
     layers = _layers(env)
     if not hasattr(layers[-1], "state_dict"):
         return None

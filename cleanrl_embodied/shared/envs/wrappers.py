@@ -12,6 +12,7 @@
   warning, and never raises.
 - :class:`FlattenDictObservation`: TensorDict observations -> one float32 ``[N, D]`` tensor.
 - :class:`SelectObservation`: only the chosen entries of the observation (make_env's ``obs_indices``, ``obs_keys``).
+- :class:`FrameStack`: the latest K observations side by side, oldest first (make_env's ``frame_stack``).
 - :class:`EpisodeStatistics`: episode return / length / success, kept on the env's device (torch envs).
 
 See ``docs/env-contract.md`` and ``docs/internals.md``.
@@ -36,7 +37,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gymnasium.wrappers.utils import rescale_box
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.language import encode_instructions, text_to_instruction_space
+from cleanrl_embodied.shared.language import encode_instructions, is_instruction_space, text_to_instruction_space
 from cleanrl_embodied.shared.tensordict_helpers import (
     PRIVILEGED_KEY,
     flat_dim,
@@ -272,6 +273,144 @@ class SelectObservation(VectorWrapper):
         if "final_obs" in info:
             info["final_obs"] = self._select(info["final_obs"])
         return self._select(obs), reward, terminated, truncated, info
+
+
+def frame_stack_size(value: Any) -> int:
+    """``frame_stack`` as an integer >= 1, or one ValueError line."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"frame_stack must be an integer >= 1 (how many of the latest observations a policy sees; 1: only the "
+            f"newest, no stacking), got {value!r}"
+        )
+    return int(value)
+
+
+def _stacked_box(space: gym.spaces.Box, k: int) -> gym.spaces.Box:
+    """The Box of ``k`` observations of ``space`` joined along their first axis (a scalar's stack is a vector)."""
+    low, high = (np.reshape(bound, bound.shape or (1,)) for bound in (space.low, space.high))
+    return gym.spaces.Box(np.concatenate([low] * k), np.concatenate([high] * k), dtype=space.dtype)
+
+
+def _frames(x: torch.Tensor) -> torch.Tensor:
+    """An observation leaf ``[N, ...]`` as ``[N, s0, ...]``: the axis frames are joined along (scalars get one)."""
+    return x if x.dim() > 1 else x[:, None]
+
+
+def _append(stack: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``stack`` ``[N, k * s0, ...]`` without its oldest frame, the leaf ``x`` appended as the newest."""
+    x = _frames(x)
+    return torch.cat((stack[:, x.shape[1] :], x), dim=1)
+
+
+def _rows(mask: torch.Tensor, a, b):
+    """``a`` in the rows of ``mask`` ([N] bool), ``b`` elsewhere (tensors or TensorDicts)."""
+    if isinstance(a, TensorDict):
+        return torch.where(mask, a, b)
+    return torch.where(mask.view(-1, *([1] * (a.dim() - 1))), a, b)
+
+
+class FrameStack(VectorWrapper):
+    """The latest ``k`` observations side by side (make_env's ``frame_stack``): a policy without memory sees the recent
+    past, the usual alternative to a recurrent policy on a partially observed task.
+
+    The frames are joined along each observation's first axis, **oldest first, newest last**: a flat Box ``[N, D]``
+    becomes ``[N, k * D]`` (entries ``[(k - 1 - j) * D, (k - j) * D)`` are the observation of ``j`` steps ago), and
+    its bounds are tiled. Dict (TensorDict) observations are stacked entry by entry the same way: a float vector
+    ``[N, d]`` becomes ``[N, k * d]``, an image (uint8 ``[C, H, W]``) ``[N, k * C, H, W]`` (frames along channels);
+    instruction tokens (``shared.language``: ``input_ids`` and ``attention_mask``) are not stacked, they hold the
+    newest observation's (an instruction changes only at a reset). A Dict entry that is not a Box is refused.
+
+    Resets follow the SAME_STEP contract: after ``reset`` every frame of the stack is the first observation; at a step
+    where an env's episode ended, ``info["final_obs"]`` is the finished episode's last ``k`` observations (its history
+    and the final one) and ``obs`` a fresh stack of the new episode's first observation; other envs roll their stack
+    by one. ``reset(options={"reset_mask": mask})`` refills only the stacks of the envs in ``mask`` (the others go on
+    as they were). Per step this is tensor ops only (``torch.where`` on the done mask: no host sync). The stack is env
+    state: :meth:`state_dict` / :meth:`load_state_dict` carry it through checkpoints (``env_state_dict``).
+    """
+
+    def __init__(self, env: VectorEnv, k: int):
+        super().__init__(env)
+        self.k = frame_stack_size(k)
+        space = env.single_observation_space
+        self._stacked: set[tuple[str, ...]] | None = None  # the stacked leaves of a Dict observation (None: a Box)
+        if isinstance(space, gym.spaces.Box):
+            self.single_observation_space = _stacked_box(space, self.k)
+        elif isinstance(space, gym.spaces.Dict):
+            self._stacked = set()
+            self.single_observation_space = self._stacked_dict(space, ())
+        else:
+            raise ValueError(
+                f"frame_stack stacks Box or Dict observations; this one is a {type(space).__name__} ({space})"
+            )
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self._stack: torch.Tensor | TensorDict | None = None  # what the policy saw last (None before a reset)
+
+    def _stacked_dict(self, space: gym.spaces.Dict, prefix: tuple[str, ...]) -> gym.spaces.Dict:
+        if is_instruction_space(space):
+            return space  # tokens: the newest observation's
+        spaces = {}
+        for key, sub in space.spaces.items():
+            path = (*prefix, key)
+            if isinstance(sub, gym.spaces.Dict):
+                spaces[key] = self._stacked_dict(sub, path)
+            elif isinstance(sub, gym.spaces.Box):
+                spaces[key] = _stacked_box(sub, self.k)
+                self._stacked.add(path)
+            else:
+                raise ValueError(f"frame_stack stacks Box entries; {'/'.join(path)} is a {type(sub).__name__}")
+        return gym.spaces.Dict(spaces)
+
+    def _leafwise(self, fn, obs, *stacks):
+        """``fn(leaf, *stack leaves)`` for every stacked leaf of ``obs``; the other leaves (tokens) as in ``obs``."""
+        if self._stacked is None:
+            return fn(obs, *stacks)
+        out = TensorDict({}, batch_size=obs.batch_size, device=obs.device)
+        for key in obs.keys(include_nested=True, leaves_only=True):
+            path = key if isinstance(key, tuple) else (key,)
+            leaf = obs.get(path)
+            out.set(path, fn(leaf, *(stack.get(path) for stack in stacks)) if path in self._stacked else leaf)
+        return out
+
+    def _fresh(self, obs):
+        """A stack of ``k`` copies of ``obs``."""
+        return self._leafwise(lambda x: (f := _frames(x)).repeat(1, self.k, *([1] * (f.dim() - 2))), obs)
+
+    def _rolled(self, obs):
+        """The current stack without its oldest frame, ``obs`` appended."""
+        return self._leafwise(lambda x, stack: _append(stack, x), obs, self._stack)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        mask = (options or {}).get("reset_mask")  # (read first: an env below may pop it)
+        obs, info = self.env.reset(seed=seed, options=options)
+        fresh = self._fresh(obs)
+        if mask is None or self._stack is None:
+            self._stack = fresh
+        else:
+            self._stack = _rows(torch.as_tensor(mask, dtype=torch.bool, device=fresh.device), fresh, self._stack)
+        return self._stack, info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if "final_obs" in info:  # (rows that did not end hold obs: their rolled stack, as the contract wants)
+            info["final_obs"] = self._rolled(info["final_obs"])
+        self._stack = _rows(terminated | truncated, self._fresh(obs), self._rolled(obs))
+        return self._stack, reward, terminated, truncated, info
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stack (a TensorDict's as a nested dict of tensors; None before the first reset)."""
+        stack = self._stack.to_dict() if isinstance(self._stack, TensorDict) else self._stack
+        return {"stack": stack}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (tensors on any device: they go to the env's)."""
+        stack = state["stack"]
+        if stack is None:
+            self._stack = None
+            return
+        device = self._stack.device if self._stack is not None else getattr(self.unwrapped, "device", None)
+        if isinstance(stack, dict):
+            stack = TensorDict(stack, batch_size=[self.num_envs])
+        self._stack = stack.to(device) if device is not None else stack
 
 
 def first_frame(frames: Any) -> np.ndarray | None:
