@@ -147,6 +147,9 @@ def trainer_plan(dry: bool, cuda: bool) -> list[dict[str, Any]]:
         dict(name="ppo_continuous", script="ppo_continuous", kwargs=dict(classic, env_id="PushCubeRL")),
         dict(name="grpo", script="grpo", kwargs=dict(classic, env_id="PushCubeRL", **group)),
         dict(name="ppo_ddp", script="ppo_ddp", kwargs=dict(classic, env_id="PushCubeRL", **backend), ddp="torchrun"),
+        dict(
+            name="ppo_recurrent", script="ppo_recurrent", kwargs=dict(classic, env_id="PushCubeRL", rnn_hidden_size=16)
+        ),
         dict(name="ppo_vla", script="ppo_vla", kwargs=vla),
         dict(name="grpo_vla", script="grpo_vla", kwargs=dict(vla, **group)),
         dict(name="ppo_vla_async", script="ppo_vla_async", kwargs=vla),

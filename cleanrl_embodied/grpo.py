@@ -220,9 +220,7 @@ def policy_step(actor: Actor, obs: torch.Tensor | TensorDict) -> TensorDict:
     return TensorDict(action=action, logprob=dist.log_prob(action).flatten(1).sum(-1), batch_size=obs.shape[:1])
 
 
-def eval_action(
-    actor: Actor, obs: torch.Tensor, generator: torch.Generator, starts: torch.Tensor, deterministic: bool
-) -> torch.Tensor:
+def eval_action(actor: Actor, obs, generator: torch.Generator, starts, deterministic: bool) -> torch.Tensor:
     """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator. `starts`
     (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory: this one has none."""
     dist = actor.dist(obs)

@@ -252,9 +252,7 @@ def policy_step(agent: Agent, obs: torch.Tensor | TensorDict) -> TensorDict:
     return TensorDict(action=action, logprob=logprob, value=value, batch_size=obs.shape[:1])
 
 
-def eval_action(
-    agent: Agent, obs: torch.Tensor, generator: torch.Generator, starts: torch.Tensor, deterministic: bool
-) -> torch.Tensor:
+def eval_action(agent: Agent, obs, generator: torch.Generator, starts, deterministic: bool) -> torch.Tensor:
     """The evaluation policy: the Gaussian's mean, or a sample drawn from the evaluator's own generator. `starts`
     (the envs whose episode begins with `obs`, as the evaluator says) is for policies with memory: this one has none."""
     dist = agent.dist(obs)

@@ -207,6 +207,7 @@ def remember(core: nn.RNNBase, x: torch.Tensor, memory: torch.Tensor) -> tuple[t
     return out, h[0]
 
 
+@torch.compiler.disable  # (how many pieces there are is data: --compile compiles around it, the core runs as it is)
 def replay(core: nn.RNNBase, x: torch.Tensor, starts: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
     """A core's outputs [T, B, H] over env sequences x [T, B, F] from `memory` [B, M] at their first step, the memory
     zeroed where `starts` [T, B]: each episode's piece of a sequence becomes a sequence of its own (from zeros, the

@@ -17,7 +17,17 @@ import torch
 from tensordict import TensorDict
 from toy_policies import ToyVLA
 
-from cleanrl_embodied import grpo, grpo_vla, ppo_continuous, ppo_ddp, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
+from cleanrl_embodied import (
+    grpo,
+    grpo_vla,
+    ppo_continuous,
+    ppo_ddp,
+    ppo_recurrent,
+    ppo_vla,
+    ppo_vla_async,
+    ppo_vla_ddp,
+    shared,
+)
 from cleanrl_embodied.shared.runtime import compile_choice, compiler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,14 +109,14 @@ def test_the_compiler_compiles_only_when_enabled():
     assert said == []
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo_vla"])
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo_vla", "ppo_recurrent"])
 @pytest.mark.parametrize(
     "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
 )
 def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name, setting, pays_after, enabled):
     """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
     2 epochs x 2 minibatches = 12); on always, off never."""
-    module, asked = {**PPO, "grpo_vla": grpo_vla}[name], []
+    module, asked = {**PPO, "grpo_vla": grpo_vla, "ppo_recurrent": ppo_recurrent}[name], []
     vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module is grpo_vla else {})}
     assert module.COMPILE_PAYS_AFTER == 10_000
     monkeypatch.setattr(module, "COMPILE_PAYS_AFTER", pays_after)
@@ -137,7 +147,8 @@ def test_auto_compiles_on_the_cpu_when_it_pays_and_on_cuda_only_with_cuda_graphs
     assert not compile_choice("auto", "mps", updates=10**9, pays_after=10_000)
 
 
-TRAINERS = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla, "ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp}
+TRAINERS = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla, "ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp,
+            "ppo_recurrent": ppo_recurrent}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))

@@ -99,3 +99,25 @@ def test_an_evaluation_on_an_env_without_a_time_limit_stops_with_one_line():
     assert "\n" not in message
     chunked = evaluate(lambda obs, generator, starts: torch.zeros(2, 3, 1), counting_env([2, 4], 10), 2, seed=0)
     assert chunked["episodic_length"] == 3.0  # episodes of 2 and 4 steps, each run as chunks of 3
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_the_policy_is_told_where_each_eval_episode_starts(chunk):
+    """evaluate() hands the policy `starts`: the envs whose observation begins an episode (all of them after the
+    reset, then those whose episode ended at the last decision), which a policy with memory resets at. The counting
+    env's observation says it too (its step in the episode is 0 exactly there); with action chunks an episode may
+    end inside a decision."""
+    from cleanrl_embodied.shared.evaluation import evaluate
+    from tests.instructed_envs import counting_env
+
+    calls = []
+
+    def act(obs, generator, starts):
+        calls.append((obs.clone(), starts.clone()))
+        return torch.zeros(2, chunk, 1) if chunk > 1 else torch.zeros(2, 1)
+
+    evaluate(act, counting_env([2, 5], 10), 6, seed=0)
+    assert len(calls) > 4 and calls[0][1].all()
+    for obs, starts in calls:
+        assert torch.equal(starts, obs[:, 0] == 0)
+    assert any(starts.any() and not starts.all() for _, starts in calls)  # the envs' episodes end apart

@@ -204,3 +204,33 @@ def test_the_exported_actor_takes_and_returns_its_memory_and_acts_as_the_evaluat
             torch.testing.assert_close(exported, action.clamp(-1, 1), rtol=0, atol=1e-5)
             obs, _, terminated, truncated, _ = envs.step(action)
             starts = terminated | truncated
+
+
+def test_the_compiled_update_agrees_with_the_eager_one():
+    """--compile wraps ppo_loss unchanged (the cores' replay stays eager inside it): the same loss and gradients on a
+    minibatch of sequences whose episodes start mid-way."""
+    from tensordict import TensorDict
+
+    envs = shared.make_env("PushCubeRL", num_envs=4, seed=0)
+    targs = args(Path("unused"))
+    torch.manual_seed(0)
+    agent = ppo_recurrent.make_agent(envs, targs)
+    g = torch.Generator().manual_seed(1)
+    steps, n = 6, 4
+    starts = torch.rand(steps, n, generator=g) < 0.3
+    mb = TensorDict(obs=torch.randn(steps, n, envs.single_observation_space.shape[0], generator=g),
+                    action=torch.randn(steps, n, 7, generator=g), logprob=torch.randn(steps, n, generator=g) - 5,
+                    value=torch.randn(steps, n, generator=g), starts=starts,
+                    advantages=torch.randn(steps, n, generator=g), returns=torch.randn(steps, n, generator=g),
+                    batch_size=(steps, n))  # fmt: skip
+    state = torch.randn(n, agent.state_size, generator=g)
+    results = []
+    for fn in (ppo_recurrent.ppo_loss, torch.compile(ppo_recurrent.ppo_loss)):
+        agent.zero_grad()
+        loss, stats = fn(agent, mb, state, targs)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in agent.parameters()]))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for a, b in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

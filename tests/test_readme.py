@@ -94,3 +94,15 @@ def test_every_link_of_the_readme_leads_to_a_file_and_every_page_is_linked():
     nav_pages = set(re.findall(r":\s*(\S+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), flags=re.M))
     assert len(nav_pages) >= 10 and all((REPO / "docs" / page).is_file() for page in nav_pages)
     assert nav_pages <= {t.removeprefix("docs/") for t in targets}, nav_pages - set(targets)
+
+
+def test_the_trainers_sizes_the_readme_quotes_are_the_files_sizes():
+    """"`ppo_continuous.py` is N" and the VLA trainers' range: the line counts of the files as they are."""
+    text = (REPO / "README.md").read_text()
+    lines = {path.stem: len(path.read_text().splitlines()) for path in (REPO / "cleanrl_embodied").glob("*.py")}
+    quoted = dict(re.findall(r"`(\w+)\.py`\s+(?:is\s+)?(\d+)", text))
+    classic = ("ppo_continuous", "grpo", "ppo_ddp", "ppo_recurrent")
+    assert set(classic) <= set(quoted), f"README.md quotes the sizes of {sorted(quoted)}"
+    assert {name: int(quoted[name]) for name in classic} == {name: lines[name] for name in classic}
+    vla = [lines[name] for name in ("ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp")]
+    assert f"the VLA trainers {min(vla)}-{max(vla)}" in text

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_recurrent, ppo_vla_async
 from cleanrl_embodied.shared.runtime import StopFlag
 
 TESTS = Path(__file__).resolve().parent
@@ -46,7 +46,7 @@ PPO = dict(
 )
 GRPO = dict(PPO, group_size=4, policy="grpo_test_helpers:slow_actor")
 ASYNC = {k: v for k, v in PPO.items() if k != "hidden_sizes"}  # (a VLA trainer: toy_policies' ToyVLA, its own sizes)
-CONFIGS = {ppo_continuous: PPO, ppo_vla_async: ASYNC, grpo: GRPO}
+CONFIGS = {ppo_continuous: PPO, ppo_vla_async: ASYNC, grpo: GRPO, ppo_recurrent: dict(PPO, rnn_hidden_size=16)}
 
 
 def cli_flags(config: dict) -> list[str]:
@@ -104,7 +104,7 @@ def assert_stopped_cleanly(run_dir: Path, ckpt: dict, output: str) -> None:
     assert output.count("stop requested (SIGTERM)") == 1, output[-3000:]
 
 
-@pytest.mark.parametrize("module", [ppo_continuous, ppo_vla_async, grpo], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", list(CONFIGS), ids=lambda m: m.__name__.split(".")[-1])
 def test_sigterm_saves_like_ctrl_c_and_the_run_resumes_bit_identically(tmp_path, module):
     config = CONFIGS[module]
     status, output = sigterm_after_first_save(

@@ -18,7 +18,7 @@ from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
-TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"]
+TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo", "ppo_recurrent"]
 TINY = dict(
     num_envs=4,
     num_steps=10,

@@ -125,7 +125,8 @@ def batch_sizes(obs_space, act_space, args):
 
 def _with_hook(args, hook, obs_space, act_space):
     """The trainer's Agent with ``hook(agent)`` called at every action-distribution call: ``dist`` (evaluation,
-    GRPO) and ``forward`` (the PPO trainers' rollout and loss); ``hook`` may replace the distribution."""
+    GRPO) and ``forward`` (the PPO trainers' rollout and loss; ppo_recurrent's ``step``, ``actor_step`` and
+    ``unroll``); ``hook`` may replace the distribution."""
     base = _agent_class(args)
 
     class Hooked(base):
@@ -139,6 +140,21 @@ def _with_hook(args, hook, obs_space, act_space):
             return hook(self, dist), value
 
         Hooked.forward = forward
+    if hasattr(base, "unroll"):  # ppo_recurrent's Agent: its rollout step, evaluation step and the update's replay
+
+        def step(self, obs, state, starts):
+            dist, value, state = base.step(self, obs, state, starts)
+            return hook(self, dist), value, state
+
+        def actor_step(self, obs, memory):
+            dist, memory = base.actor_step(self, obs, memory)
+            return hook(self, dist), memory
+
+        def unroll(self, obs, starts, state):
+            dist, value = base.unroll(self, obs, starts, state)
+            return hook(self, dist), value
+
+        Hooked.step, Hooked.actor_step, Hooked.unroll = step, actor_step, unroll
     return Hooked(obs_space, act_space, args)
 
 

@@ -108,7 +108,14 @@ def env_record(options: EnvOptions, envs) -> dict:
 def _env_defaults(env_id: str) -> dict:
     """The default of every option of ``env_id`` that can be found (its constructor's signature, a Gymnasium
     spec's kwargs) and of make_env's own options, so that an option given with its default equals one not given."""
-    defaults = {"flatten_obs": None, "randomize_interval": None, "info_keys": ()}
+    defaults = {
+        "flatten_obs": None,
+        "randomize_interval": None,
+        "info_keys": (),
+        "obs_indices": None,
+        "obs_keys": None,
+        "frame_stack": 1,
+    }  # make_env's own options
     try:
         name = resolve_env_id(env_id)
         if name in BUILTIN_ENVS:

@@ -33,10 +33,15 @@ NETWORK_ROOTS = ("make_agent", "eval_action")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
-def _without_docstrings(node: ast.AST) -> ast.AST:
-    """A copy of ``node`` whose bodies hold no bare string statements (docstrings change no computation)."""
+def _code_only(node: ast.AST) -> ast.AST:
+    """A copy of ``node`` without what computes nothing: bare string statements (docstrings) and the annotations of
+    function arguments and returns."""
     node = copy.deepcopy(node)
     for sub in ast.walk(node):
+        if isinstance(sub, ast.arg):
+            sub.annotation = None
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            sub.returns = None
         body = getattr(sub, "body", None)
         if isinstance(body, list):
             kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
@@ -87,7 +92,7 @@ def network_definitions(source: str, roots: tuple[str, ...] = NETWORK_ROOTS) -> 
         name = todo.pop()
         if name in found:
             continue
-        node = _without_docstrings(defs[name])
+        node = _code_only(defs[name])
         found[name] = hashlib.sha256(ast.dump(node).encode()).hexdigest()
         todo += sorted(n for n in _names_used(node) if n in defs and n not in found)
     return dict(sorted(found.items()))
