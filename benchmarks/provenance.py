@@ -36,6 +36,7 @@ STALE_BANNER = "> **Stale:**"
 # What each script's numbers depend on, besides the env fingerprint of the env it runs (`ENV_FINGERPRINTS`).
 SCRIPT_FINGERPRINTS = {
     "ppo_continuous": ["ppo_continuous"],
+    "ppo_recurrent": ["ppo_recurrent"],
     "grpo": ["grpo"],
     "ppo_ddp": ["ppo_ddp"],
     "ppo_vla": ["ppo_vla"],
@@ -59,11 +60,14 @@ SCRIPT_FINGERPRINTS = {
     "push_cube_rgb_speed": ["env-PushCubeRL"],
     "push_cube_variants": ["env-PushCubeRL"],
     "vla_memory": ["hf_vla"],
+    "pomdp": ["ppo_recurrent", "ppo_continuous", "env-PushCubeRL", "env-PushCubeRL-dropout"],
+    "sb3_recurrent_ppo": [],  # sb3-contrib's RecurrentPPO (pomdp.py's peer): none of this project's numbers
     "gpu_check": ["ppo_continuous", "grpo", "ppo_ddp", "ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp",
                   "hf_vla", "env-PushCubeRL", "env-PushCubeLangRL"],
 }  # fmt: skip
 ENV_FINGERPRINTS = {"PushCubeRL": "env-PushCubeRL", "PushCubeLangRL": "env-PushCubeLangRL"}
-DEFAULT_ENV = {"ppo_continuous": "PushCubeRL", "grpo": "PushCubeRL", "ppo_ddp": "PushCubeRL"}  # the trainers' default
+DEFAULT_ENV = {"ppo_continuous": "PushCubeRL", "ppo_recurrent": "PushCubeRL", "grpo": "PushCubeRL",
+               "ppo_ddp": "PushCubeRL"}  # the trainers' default env id  # fmt: skip
 PIXEL_MODES = re.compile(r'"obs_mode":\s*"[^"]*rgb')
 DROPOUT = re.compile(r'"dropout_sensor":\s*"')  # PushCubeRL's sensor dropout: its own env fingerprint
 
