@@ -97,7 +97,7 @@ def test_every_link_of_the_readme_leads_to_a_file_and_every_page_is_linked():
 
 
 def test_the_trainers_sizes_the_readme_quotes_are_the_files_sizes():
-    """"`ppo_continuous.py` is N" and the VLA trainers' range: the line counts of the files as they are."""
+    """ "`ppo_continuous.py` is N" and the VLA trainers' range: the line counts of the files as they are."""
     text = (REPO / "README.md").read_text()
     lines = {path.stem: len(path.read_text().splitlines()) for path in (REPO / "cleanrl_embodied").glob("*.py")}
     quoted = dict(re.findall(r"`(\w+)\.py`\s+(?:is\s+)?(\d+)", text))
