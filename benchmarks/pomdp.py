@@ -567,6 +567,10 @@ def main(args: Args) -> dict | list[RunSpec]:
         record = run_one(spec, out / "runs" / f"{spec.experiment}__{spec.method}__{spec.seed}")
         data["runs"].append(record)
         print(f"[{i}/{len(specs)}] {progress(record)}", flush=True)
+        out.mkdir(parents=True, exist_ok=True)  # what is done so far survives a crash (--report-only reads it)
+        partial = out / ".runs.json.tmp"
+        partial.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(partial, out / "runs.json")
     data.update(total_s=round(time.time() - start, 1), finished=time.time(),
                 load_avg_end=machine_info()["load_avg_1_5_15"])  # fmt: skip
     write_outputs(data, out, args.results_md)
