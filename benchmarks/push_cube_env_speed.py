@@ -37,14 +37,12 @@ def load_old(root: str):
     franka_spec, old_franka = module("franka")
     franka_spec.loader.exec_module(old_franka)
     push_cube_spec, old_push_cube = module("push_cube")
-    importlib.import_module("cleanrl_embodied.shared.envs.franka")  # so that the package has the attribute
-    package = importlib.import_module("cleanrl_embodied.shared.envs")
-    this_franka = package.franka
+    package = importlib.import_module("cleanrl_embodied.shared.envs")  # (this checkout's franka: push_cube.franka)
     package.franka = old_franka
     try:
         push_cube_spec.loader.exec_module(old_push_cube)
     finally:
-        package.franka = this_franka
+        del package.franka
     return old_push_cube
 
 

@@ -124,7 +124,7 @@ def save_wrist_examples(args: Args, size: int, path: Path, upscale: int) -> None
     """4 envs (column pairs: top view, wrist view) at reset and after 6 and 12 steps of the scripted expert (rows)."""
     from PIL import Image
 
-    from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+    from cleanrl_embodied.shared.envs.push_cube import expert_action
 
     env = PushCubeRLVecEnv(num_envs=4, device=args.device, seed=0, obs_mode="rgb", image_size=size,
                            obs_cameras=("top", "wrist"), cube_yaw_range=0.5)  # fmt: skip

@@ -110,14 +110,14 @@ def test_a_sync_is_the_policys_when_its_code_is_on_the_stack():
     loop = frame(trainer, first + 1)
     tokenizer = frame(REPO / "examples" / "hf_vla" / "tokenizer.py", 91)
     language = frame(REPO / "cleanrl_embodied" / "shared" / "language.py", 84)
-    franka = frame(REPO / "cleanrl_embodied" / "shared" / "envs" / "franka.py", 78)
+    franka = frame(REPO / "cleanrl_embodied" / "shared" / "envs" / "push_cube" / "franka.py", 78)
     counter.record([loop, tokenizer, language], "x", 1)  # the policy's, though innermost in shared/
     counter.record([loop, franka], "x", 1)  # the env's: the trainer's side
     counter.record([frame(trainer, 1), franka], "x", 1)  # outside the loop
     assert (counter.total, counter.in_loop, counter.in_loop_trainer) == (3, 2, 1)
     assert counter.where == {
         "cleanrl_embodied/shared/language.py:84": 1,
-        "cleanrl_embodied/shared/envs/franka.py:78": 1,
+        "cleanrl_embodied/shared/envs/push_cube/franka.py:78": 1,
     }
 
 

@@ -32,8 +32,7 @@ from transformers import AutoTokenizer, PaliGemmaForConditionalGeneration
 from cleanrl_embodied import ppo_vla
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.chunks import chunk_space, step_chunk
-from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TASKS, TASKS
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TASKS, TASKS, expert_action
 from cleanrl_embodied.shared.language import encode_instructions
 from examples.hf_vla import (
     Bins,

@@ -19,8 +19,8 @@ from cleanrl_embodied.shared.envs.push_cube import (
     OBS_GOAL_CENTRE_COLOR,
     OBS_GOAL_REGION_COLOR,
     TASKS,
+    expert_action,
 )
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.language import decode_instructions, encode_instructions
 from tests.instructed_envs import TARGETS
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.envs import franka
 from cleanrl_embodied.shared.envs.push_cube import (
     CONTROL_DT,
     JOINT_DELTA_SCALE,
@@ -18,6 +17,7 @@ from cleanrl_embodied.shared.envs.push_cube import (
     OBS_LAYOUT,
     TCP_RADIUS,
     PushCubeRLVecEnv,
+    franka,
 )
 
 # Column slices of the flat observation.

@@ -21,8 +21,8 @@ from cleanrl_embodied.shared.envs.push_cube import (
     WRIST_VIEW_WIDTH,
     PushCubeLangRLVecEnv,
     PushCubeRLVecEnv,
+    expert_action,
 )
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY
 from tests.envs_for_tests import random_actions
 from tests.test_push_cube_rgb import centroid, cube_mask, set_state, tcp_mask

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from cleanrl_embodied.shared.envs import franka, make_env
+from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube import (
     CONTROL_DT,
     PUSH_POINT_MARGIN,
     REACH_THRESHOLD,
     TCP_RADIUS,
     PushCubeRLVecEnv,
+    franka,
 )
 from tests.envs_for_tests import random_actions
 

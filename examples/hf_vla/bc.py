@@ -7,7 +7,7 @@
 
 docs/VLA.md has the success this gives against --steps (and minutes on a 2-core CPU), and why these env settings.
 
-1. Demonstrations: ``--num-envs`` envs of ``--env-id`` run the scripted expert (``push_cube_expert.expert_action``,
+1. Demonstrations: ``--num-envs`` envs of ``--env-id`` run the scripted expert (``push_cube.expert_action``,
    privileged state, >= 0.99 success) until ``--demo-episodes`` episodes have ended; every step gives a sample
    (the observation: image + instruction; the target: the expert's next ``--action-chunk`` actions of the same
    episode, entries past the episode's end masked out of the loss).
@@ -41,7 +41,7 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.chunks import chunk_space
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from cleanrl_embodied.shared.envs.push_cube import expert_action
 from cleanrl_embodied.shared.evaluation import evaluate
 from examples.hf_vla.policy import ENV_BOUNDS, RUN_KWARGS, HFVLAPolicy, make_policy
 from examples.hf_vla.statistics import DatasetStatistics

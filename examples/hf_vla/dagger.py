@@ -42,7 +42,7 @@ import tyro
 
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.envs import make_env
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from cleanrl_embodied.shared.envs.push_cube import expert_action
 from examples.hf_vla.bc import bc_loss, collect_demos, evaluate_policy
 from examples.hf_vla.demos import load_demos
 from examples.hf_vla.policy import make_policy

@@ -5,7 +5,7 @@
         --env-kwargs '{"obs_mode": "proprio+rgb", "image_size": 64, "action_mode": "ee_delta_pos",
                        "tasks": ["forward_right", "back_left"], "view_tasks": ["forward", "left", "back", "right"]}'
 
-``record`` runs the scripted expert (``push_cube_expert.expert_action``, privileged, >= 0.99 success) in a PushCube
+``record`` runs the scripted expert (``push_cube.expert_action``, privileged, >= 0.99 success) in a PushCube
 env and keeps whole episodes: with ``per_task`` the first that many *successful* episodes of each task (in the order
 they ended), with ``episodes`` the first that many finished ones, successful or not (with ``noise`` the env executes
 the expert's action plus N(0, noise^2), DART; the label stays the clean action). Every step of a kept episode is a
@@ -30,7 +30,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
-from cleanrl_embodied.shared.envs.push_cube_expert import expert_action
+from cleanrl_embodied.shared.envs.push_cube import expert_action
 from cleanrl_embodied.shared.logging import atomic_save
 
 __all__ = ["Args", "load_demos", "record"]

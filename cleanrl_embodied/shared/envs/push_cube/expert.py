@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from cleanrl_embodied.shared.envs import franka
-from cleanrl_embodied.shared.envs.push_cube import DLS_DAMPING, TCP_RADIUS
+from cleanrl_embodied.shared.envs.push_cube import franka
+from cleanrl_embodied.shared.envs.push_cube.options import DLS_DAMPING, TCP_RADIUS
 
 __all__ = ["expert_action"]
 
