@@ -760,7 +760,8 @@ def real_width_vla(obs_space, act_space, args, **kw):
     from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
     from cleanrl_embodied import shared
-    from examples.hf_vla.policy import HFVLAPolicy, VLAConfig, _env_config, quiet
+    from examples.hf_vla.factory import _env_config
+    from examples.hf_vla.model import HFVLAPolicy, VLAConfig, quiet
     from examples.hf_vla.tokenizer import build_tokenizer, default_corpus
 
     config = VLAConfig(**_env_config(obs_space, act_space, args, None))

@@ -26,7 +26,7 @@ from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TASKS, TASKS
 from cleanrl_embodied.shared.language import decode_instructions
 from examples.hf_vla import dagger, demos, fewshot, pretrain
-from examples.hf_vla.policy import make_policy
+from examples.hf_vla.factory import make_policy
 
 SIZE = 32  # 2x2 patches: the smallest images, for speed
 TARGET = {**demos.TARGET_ENV, "image_size": SIZE}

@@ -12,8 +12,11 @@ Gaussian action heads (with action chunks) and a value head: the default ``--pol
 ``make_policy`` builds a tiny PaliGemma (or SmolVLM: ``--policy-kwargs '{"model_type": "smolvlm"}'``) with random
 weights (no download) or loads one from a local directory (``model_path``: a VLA written by
 ``HFVLAPolicy.save_pretrained``, or a transformers PaliGemma, SmolVLM or Idefics3 checkpoint).
-``action_tokens.py`` says which vocabulary ids the bins are, per model family; ``statistics.py`` holds the dataset
-statistics actions are decoded and the state normalised with (``dataset_statistics.json`` beside the model).
+The modules: ``model.py`` (``HFVLAPolicy``: backbone with LoRA, heads, value head, action decoding, saving),
+``families.py`` (the model families and their tiny random-weight configs), ``factory.py`` (``make_policy``: the
+``--policy-kwargs``, loading ``model_path``, the dataset statistics); ``action_tokens.py`` says which vocabulary
+ids the bins are, per model family; ``statistics.py`` holds the dataset statistics actions are decoded and the state
+normalised with (``dataset_statistics.json`` beside the model); ``tokenizer.py`` the tokenizer and the prompt cache.
 docs/VLA.md describes the model, the tokenizer, the heads, LoRA, memory and checkpoints.
 """
 
@@ -23,16 +26,11 @@ try:
 except ImportError as e:  # the trainers' --policy loader prints this as one line
     raise ImportError(f"examples.hf_vla needs the vla extra (uv sync --extra vla): {e}") from None
 
+from examples.action_bins import Bins
 from examples.hf_vla.action_tokens import ActionTokenMap, build_action_token_map
-from examples.hf_vla.policy import (
-    Bins,
-    HFVLAPolicy,
-    VLAConfig,
-    load_backbone,
-    make_policy,
-    tiny_paligemma,
-    tiny_smolvlm,
-)
+from examples.hf_vla.factory import load_backbone, make_policy
+from examples.hf_vla.families import tiny_paligemma, tiny_smolvlm
+from examples.hf_vla.model import HFVLAPolicy, VLAConfig
 from examples.hf_vla.statistics import DatasetStatistics
 from examples.hf_vla.tokenizer import PromptCache, build_tokenizer, default_corpus
 

@@ -43,7 +43,8 @@ from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.chunks import chunk_space
 from cleanrl_embodied.shared.envs.push_cube import expert_action
 from cleanrl_embodied.shared.evaluation import evaluate
-from examples.hf_vla.policy import ENV_BOUNDS, RUN_KWARGS, HFVLAPolicy, make_policy
+from examples.hf_vla.factory import ENV_BOUNDS, RUN_KWARGS, make_policy
+from examples.hf_vla.model import HFVLAPolicy
 from examples.hf_vla.statistics import DatasetStatistics
 
 

@@ -45,7 +45,7 @@ from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube import expert_action
 from examples.hf_vla.bc import bc_loss, collect_demos, evaluate_policy
 from examples.hf_vla.demos import load_demos
-from examples.hf_vla.policy import make_policy
+from examples.hf_vla.factory import make_policy
 
 
 @dataclass

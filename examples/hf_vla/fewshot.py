@@ -48,7 +48,8 @@ from cleanrl_embodied.shared.logging import atomic_save
 from cleanrl_embodied.shared.runtime import StopFlag
 from examples.hf_vla.bc import bc_loss, evaluate_policy
 from examples.hf_vla.demos import load_demos
-from examples.hf_vla.policy import RUN_KWARGS, HFVLAPolicy, make_policy
+from examples.hf_vla.factory import RUN_KWARGS, make_policy
+from examples.hf_vla.model import HFVLAPolicy
 from examples.hf_vla.pretrain import MARKER, load_resume, recorded_args
 
 REPORT = "fewshot.json"

@@ -58,7 +58,8 @@ from cleanrl_embodied.shared.logging import atomic_save
 from cleanrl_embodied.shared.runtime import StopFlag
 from examples.hf_vla.bc import evaluate_policy
 from examples.hf_vla.demos import record
-from examples.hf_vla.policy import HFVLAPolicy, make_policy
+from examples.hf_vla.factory import make_policy
+from examples.hf_vla.model import HFVLAPolicy
 from examples.hf_vla.statistics import DatasetStatistics
 
 PRETRAIN_TASKS = ("forward", "left", "back", "right", "forward_left", "back_right")
