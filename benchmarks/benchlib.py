@@ -41,14 +41,14 @@ def gpu_name() -> str | None:
 
 def git_info() -> dict:
     """The commit of the code that ran (from the trainers' own `versions()`, as in summary.json)."""
-    from cleanrl_embodied.shared.logging import versions
+    from cleanrl_embodied.shared.run_logger import versions
 
     return {key: versions().get(key) for key in ("git_sha", "git_dirty")}
 
 
 def package_versions() -> dict:
     """What summary.json records (python, torch, gymnasium, tensordict, numpy), plus the extras that ran."""
-    from cleanrl_embodied.shared.logging import versions
+    from cleanrl_embodied.shared.run_logger import versions
 
     out = {k: v for k, v in versions().items() if not k.startswith("git_")}
     for name in ("mujoco", "mani_skill", "matplotlib"):

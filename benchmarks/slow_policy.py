@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_embodied.shared.tensordict_helpers import float_entries, state_dim
+from cleanrl_embodied.shared.observations import float_dim, float_entries
 
 
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
@@ -38,8 +38,8 @@ class SlowAgent(nn.Module):
         super().__init__()
         self.action_shape, self.latency_s = act_space.shape, latency_ms / 1000
         act_dim = math.prod(self.action_shape)
-        self.critic = mlp(state_dim(obs_space), hidden_sizes, 1, out_std=1.0)
-        self.actor_mean = mlp(state_dim(obs_space), hidden_sizes, act_dim, out_std=0.01)
+        self.critic = mlp(float_dim(obs_space), hidden_sizes, 1, out_std=1.0)
+        self.actor_mean = mlp(float_dim(obs_space), hidden_sizes, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_logstd)))
 
     def _dist(self, state: torch.Tensor) -> torch.distributions.Normal:

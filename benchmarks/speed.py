@@ -393,16 +393,16 @@ def instrumented(timer: PhaseTimer):
     that `shared.build_env` makes are wrapped in `TimedEnv`, and every `RunLogger.log` carrying
     charts/SPS closes an iteration. Nothing of the trainer module is replaced; all is restored afterwards."""
     global TIMER
-    from cleanrl_embodied.shared import builders, logging
+    from cleanrl_embodied.shared import builders, run_logger
 
-    make_env, log = builders.make_env, logging.RunLogger.log
+    make_env, log = builders.make_env, run_logger.RunLogger.log
 
     def timed_log(self, scalars, step):
         if "charts/SPS" in scalars:
             timer.iteration_end()
         log(self, scalars, step)
 
-    TIMER, builders.make_env, logging.RunLogger.log = (
+    TIMER, builders.make_env, run_logger.RunLogger.log = (
         timer,
         lambda *a, **k: TimedEnv(make_env(*a, **k), timer),
         timed_log,
@@ -410,7 +410,7 @@ def instrumented(timer: PhaseTimer):
     try:
         yield
     finally:
-        TIMER, builders.make_env, logging.RunLogger.log = None, make_env, log
+        TIMER, builders.make_env, run_logger.RunLogger.log = None, make_env, log
 
 
 def breakdown(script: str, num_envs: int, iterations: int, skip: int, device: str, extra: str) -> dict:
@@ -460,9 +460,10 @@ def _raw_vector_env(env_id: str, num_envs: int):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    from cleanrl_embodied.shared.envs.wrappers import SafeRender, _offers_rgb_array
+    from cleanrl_embodied.shared.envs.gymnasium_backend import offers_rgb_array
+    from cleanrl_embodied.shared.envs.render import SafeRender
 
-    kwargs = {"render_mode": "rgb_array"} if _offers_rgb_array(env_id) else {}
+    kwargs = {"render_mode": "rgb_array"} if offers_rgb_array(env_id) else {}
     return gym.make_vec(
         env_id,
         num_envs=num_envs,
@@ -506,9 +507,9 @@ def gym_env_and_rollout(env_id: str, num_envs: int, steps: int, repeats: int, ch
 
     from cleanrl_embodied import ppo_continuous as ppo
     from cleanrl_embodied.shared import make_env
-    from cleanrl_embodied.shared.logging import RolloutStats
-    from cleanrl_embodied.shared.runtime import NonFiniteWatch
-    from cleanrl_embodied.shared.tensordict_helpers import rollout_storage
+    from cleanrl_embodied.shared.non_finite import NonFiniteWatch
+    from cleanrl_embodied.shared.rollout_stats import RolloutStats
+    from cleanrl_embodied.shared.storage import rollout_storage
 
     raw, ours = _raw_vector_env(env_id, num_envs), make_env(env_id, num_envs, "cpu", seed=0)
     rounds, steps = max(1, repeats * steps // min(chunk, steps)), min(chunk, steps)

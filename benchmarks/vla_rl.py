@@ -55,7 +55,9 @@ from benchlib import (
 )
 
 SPARSE_REWARD = {"reach": 0, "place": 0, "time": 0, "success": 1}  # 1 on success, else 0
-FINAL_EVAL_KEY = 1000  # the paired final evaluation's seed stream: a spawn key no shared.runtime.STREAMS entry uses
+FINAL_EVAL_KEY = (
+    1000  # the paired final evaluation's seed stream: a spawn key no shared.random_streams.STREAMS entry uses
+)
 START_BAND = (0.2, 0.6)  # the partial starts the question is about
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # Student t, two-sided 95%
 

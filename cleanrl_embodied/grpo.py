@@ -108,7 +108,7 @@ def validate(args: Args) -> None:
         positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
                   "adv_eps", "gamma", "clip_coef", "max_grad_norm", "target_kl"),
         non_negative=("ent_coef", "kl_coef"),
-        at_most_one=("gamma",),
+        at_most_1=("gamma",),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm",),  # no clipping
         files=("ref_checkpoint",),
@@ -186,7 +186,7 @@ class Actor(nn.Module):
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
-        num_floats = shared.state_dim(obs_space)  # images and instructions go through the encoder
+        num_floats = shared.float_dim(obs_space)  # images and instructions go through the encoder
         pixels_or_text = shared.image_spaces(obs_space) or shared.token_spaces(obs_space)
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
         features = self.encoder.out_dim if self.encoder else num_floats
@@ -348,8 +348,8 @@ def main(args: Args) -> dict:
     flags = dataclasses.asdict(args)
     same = {k: flags[k] for k in ("hidden_sizes", "policy", "policy_kwargs")}  # the network and what it sees
     resume_same = {k: flags[k] for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}
-    ckpt, ckpt_flag, ckpt_path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env_options, same,
-                                                   resume_same)  # fmt: skip
+    ckpt, ckpt_flag, ckpt_path = shared.load_resume_or_eval(args.resume, args.eval_checkpoint, trainer, env_options,
+                                                            same, resume_same)  # fmt: skip
     ref_scripts = ["grpo", "ppo_continuous", "ppo_ddp", "ppo_async"]  # a PPO critic is ignored
     ref_ckpt = args.ref_checkpoint and shared.load_checkpoint(
         args.ref_checkpoint, "ref_checkpoint", ref_scripts, same, env_options
@@ -359,7 +359,7 @@ def main(args: Args) -> dict:
     shared.seed_everything(args.seed, args.torch_deterministic)
     device = shared.pick_device(args.cuda)
 
-    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (random_streams.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag), (ref_ckpt, "ref_checkpoint"))
     actor = make_agent(eval_envs, args).to(device)

@@ -157,7 +157,7 @@ def validate(args: Args) -> None:
                   "num_minibatches", "update_epochs", "learning_rate", "adv_eps", "gamma", "clip_coef",
                   "clip_coef_high", "temperature", "max_grad_norm", "target_kl", "max_draws"),
         non_negative=("ent_coef", "kl_coef", "min_informative_groups"),
-        at_most_one=("gamma",),
+        at_most_1=("gamma",),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
     )  # fmt: skip
@@ -401,7 +401,9 @@ def main(args: Args) -> dict:
     env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
     resume_same = {k: getattr(args, k) for k in ("num_envs", "group_size", "learning_rate", "anneal_lr")}  # env, LR
-    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env, same, resume_same)
+    ckpt, ckpt_flag, path = shared.load_resume_or_eval(
+        args.resume, args.eval_checkpoint, trainer, env, same, resume_same
+    )
     shared.seed_everything(args.seed, args.torch_deterministic)
     device = shared.pick_device(args.cuda)
     piece = args.micro_batch_size or sys.maxsize  # the most samples of a forward pass

@@ -110,7 +110,7 @@ def validate(args: Args) -> None:
         positive=("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "learning_rate",
                   "clip_obs", "clip_reward", "gamma", "clip_coef", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef"),
-        at_most_one=("gamma", "gae_lambda"),
+        at_most_1=("gamma", "gae_lambda"),
         finite=("init_logstd",),
         may_be_inf=("max_grad_norm", "clip_obs", "clip_reward"),  # no clipping
         minibatches_of=args.num_envs * args.num_steps,
@@ -188,7 +188,7 @@ class Agent(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, args: Args):
         super().__init__()
         self.norm_obs, self.clip_obs = args.norm_obs, args.clip_obs
-        num_floats = shared.state_dim(obs_space)  # images and instructions go through the encoder
+        num_floats = shared.float_dim(obs_space)  # images and instructions go through the encoder
         pixels_or_text = shared.image_spaces(obs_space) or shared.token_spaces(obs_space)
         self.obs_rms = shared.RunningMeanStd((num_floats,))
         self.encoder = PixelEncoder(obs_space, num_floats) if pixels_or_text else None
@@ -334,8 +334,8 @@ def main(args: Args) -> dict:
     validate(args)
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
-    flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also the
-    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # layout, the reward trace's meaning and the LR schedule's base
+    flags = dataclasses.asdict(args)  # a checkpoint must match the network and what it sees; on --resume also
+    ckpt, ckpt_flag, ckpt_path = shared.load_resume_or_eval(  # the layout, the reward trace and the LR schedule
         args.resume, args.eval_checkpoint, trainer, env_options, resumes=("ppo_ddp",),
         same={k: flags[k] for k in ("hidden_sizes", "norm_obs", "clip_obs", "privileged_critic", "policy",
                                     "policy_kwargs")},
@@ -348,7 +348,7 @@ def main(args: Args) -> dict:
     shared.seed_everything(args.seed, args.torch_deterministic)
     device = shared.pick_device(args.cuda)
 
-    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (random_streams.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     if args.privileged_critic and not shared.privileged_dim(eval_envs.single_observation_space):

@@ -137,7 +137,7 @@ def validate(args: Args) -> None:
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
                   "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef", "critic_warmup_iterations"),
-        at_most_one=("gamma", "gae_lambda"),
+        at_most_1=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
         minibatches_of=args.num_envs * args.num_steps,
@@ -353,7 +353,7 @@ def main(args: Args) -> dict:
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
-    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
+    ckpt, ckpt_flag, ckpt_path = shared.load_resume_or_eval(  # env state's layout and the LR schedule's base
         args.resume,
         args.eval_checkpoint,
         trainer,
@@ -368,7 +368,7 @@ def main(args: Args) -> dict:
     shared.seed_everything(args.seed, args.torch_deterministic)
     device = shared.pick_device(args.cuda)
 
-    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (shared/runtime.py)
+    eval_seed = shared.stream_seed(args.seed, "eval_envs")  # each random stream has its own seed (random_streams.py)
     eval_envs = shared.build_env(env_options, args.num_eval_envs, eval_seed, device, eval_envs=True)
     obs_dim, act_dim = shared.check_env_sizes(eval_envs, (ckpt, ckpt_flag))
     obs_space = eval_envs.single_observation_space
@@ -389,7 +389,7 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint:  # evaluate a saved policy and exit
         return evaluator.run_checkpoint(act, ckpt, args.eval_checkpoint)
 
-    env_seed = shared.stream_seed(args.seed, "train_envs")  # each random stream has its own seed (shared/runtime.py)
+    env_seed = shared.stream_seed(args.seed, "train_envs")  # each random stream has its own seed (random_streams.py)
     envs = shared.build_env(env_options, args.num_envs, env_seed, device, eval_envs=False, like=eval_envs)
     params = [p for p in agent.parameters() if p.requires_grad]  # the adapters and heads, never a frozen backbone
     value_ids = {id(p) for p in agent.value_parameters()} if args.critic_warmup_iterations else set()

@@ -134,7 +134,7 @@ def validate(args: Args) -> None:
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
                   "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl"),
         non_negative=("gae_lambda", "ent_coef", "critic_warmup_iterations", "max_staleness"),
-        at_most_one=("gamma", "gae_lambda"),
+        at_most_1=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
         minibatches_of=args.num_envs * args.num_steps,
@@ -497,7 +497,7 @@ def main(args: Args) -> dict:
     resume_same = {
         k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr", "loss_agg")
     }  # (pending rollouts hold its log-probs)
-    ckpt, ckpt_flag, path = shared.load_start(args.resume, args.eval_checkpoint, trainer, env, same,
+    ckpt, ckpt_flag, path = shared.load_resume_or_eval(args.resume, args.eval_checkpoint, trainer, env, same,
                                               resume_same)  # fmt: skip
     ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, path)  # ppo_vla.py's: evaluate its actor alone
     batch_size = args.num_envs * args.num_steps  # decisions per rollout (each runs --action-chunk env steps)

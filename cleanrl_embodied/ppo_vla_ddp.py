@@ -146,7 +146,7 @@ def validate(args: Args, show: bool) -> None:
                   "num_minibatches", "update_epochs", "learning_rate", "gamma", "clip_coef",
                   "clip_coef_high", "temperature", "vf_coef", "max_grad_norm", "target_kl", "dist_timeout_s"),
         non_negative=("gae_lambda", "ent_coef", "critic_warmup_iterations"),
-        at_most_one=("gamma", "gae_lambda"),
+        at_most_1=("gamma", "gae_lambda"),
         may_be_inf=("max_grad_norm",),  # no clipping
         sizes=(),
         minibatches_of=args.num_envs * args.num_steps,  # each rank's rollout
@@ -358,7 +358,7 @@ def main(args: Args) -> dict:
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env_options = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     flags = dataclasses.asdict(args)  # a checkpoint must match the policy and what it sees; on --resume also the
-    ckpt, ckpt_flag, ckpt_path = shared.load_start(  # env state's layout and the LR schedule's base
+    ckpt, ckpt_flag, ckpt_path = shared.load_resume_or_eval(  # env state's layout and the LR schedule's base
         args.resume,
         args.eval_checkpoint,
         trainer,

@@ -318,10 +318,10 @@ def test_smoke_suite_end_to_end(tmp_path):
 @pytest.mark.parametrize("script", ["ppo_continuous", "grpo"])
 def test_speed_breakdown_times_the_real_loop(script):
     speed = importlib.import_module("speed")
-    from cleanrl_embodied.shared import builders, logging
+    from cleanrl_embodied.shared import builders, run_logger
 
     module = importlib.import_module(f"cleanrl_embodied.{script}")
-    before = {"module": dict(vars(module)), "make_env": builders.make_env, "log": logging.RunLogger.log}
+    before = {"module": dict(vars(module)), "make_env": builders.make_env, "log": run_logger.RunLogger.log}
     result = speed.breakdown(
         script,
         16,
@@ -334,7 +334,10 @@ def test_speed_breakdown_times_the_real_loop(script):
     assert all(result[k] > 0 for k in ("env", "policy", "update", "total"))
     assert result["env"] + result["policy"] + result["update"] + result["rest"] == pytest.approx(result["total"])
     assert vars(module) == before["module"]  # nothing of the trainer was replaced
-    assert (builders.make_env, logging.RunLogger.log) == (before["make_env"], before["log"])  # the seams are restored
+    assert (builders.make_env, run_logger.RunLogger.log) == (
+        before["make_env"],
+        before["log"],
+    )  # the seams are restored
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs the mujoco extra")
@@ -344,9 +347,9 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     installed), a breakdown of the real HalfCheetah loop, and its own RESULTS.md section with both tables."""
     speed = importlib.import_module("speed")
     from cleanrl_embodied import ppo_continuous as ppo
-    from cleanrl_embodied.shared import builders, logging
+    from cleanrl_embodied.shared import builders, run_logger
 
-    before = {"module": dict(vars(ppo)), "make_env": builders.make_env, "log": logging.RunLogger.log}
+    before = {"module": dict(vars(ppo)), "make_env": builders.make_env, "log": run_logger.RunLogger.log}
     md = tmp_path / "RESULTS.md"
     speed.main(
         speed.Args(
@@ -384,7 +387,7 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     assert ("| HalfCheetah-v5 | 2 | 8 | envpool |" in text) == has_envpool
     assert "| Pendulum-v1 | 3 |" in text and "![speed]" not in text  # tables only, no plot
     assert vars(ppo) == before["module"]  # nothing of the trainer was replaced
-    assert (builders.make_env, logging.RunLogger.log) == (before["make_env"], before["log"])
+    assert (builders.make_env, run_logger.RunLogger.log) == (before["make_env"], before["log"])
 
 
 def test_async_benchmark_end_to_end(tmp_path):
@@ -641,8 +644,8 @@ def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(
     is written again."""
     import torch
 
-    from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
     from cleanrl_embodied.shared.envs import make_env
+    from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
     from examples.hf_vla import make_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -228,3 +228,36 @@ def test_the_schedule_note_names_the_iteration_and_learning_rate_the_run_uses():
     said.clear()
     shared.note_schedule_change({"iteration": 2, "num_iterations": 4}, 3, 8, 1e-3, False, said.append)
     assert said == []  # --no-anneal-lr: the learning rate is 1e-3 throughout
+
+
+@pytest.mark.parametrize(
+    "cls, old_path",
+    [("NonFiniteWatch", "cleanrl_embodied.shared.runtime"), ("RolloutStats", "cleanrl_embodied.shared.logging")],
+)
+def test_objects_a_checkpoint_pickled_under_their_modules_old_names_still_load(tmp_path, cls, old_path):
+    """ppo_vla_async's checkpoints pickle the pending rollouts' NonFiniteWatch and RolloutStats objects, whose modules
+    were renamed (runtime.py -> non_finite.py, logging.py -> rollout_stats.py): a file that names the old path loads
+    with weights_only=True, in a fresh process, as the object it was."""
+    import subprocess
+    import sys
+    import types
+
+    from cleanrl_embodied import shared
+
+    klass = getattr(shared, cls)
+    obj = klass(4, "cpu") if cls == "NonFiniteWatch" else klass("cpu")
+    old = types.ModuleType(old_path)
+    setattr(old, cls, klass)
+    real = klass.__module__
+    sys.modules[old_path], klass.__module__ = old, old_path  # pickled as the old code pickled it
+    try:
+        torch.save({"watch": obj}, tmp_path / "old.pt")
+    finally:
+        klass.__module__ = real
+        del sys.modules[old_path]
+    assert old_path.encode() in (tmp_path / "old.pt").read_bytes()
+    code = (f"import torch; from cleanrl_embodied import shared; "
+            f"x = torch.load({str(tmp_path / 'old.pt')!r}, weights_only=True)['watch']; "
+            f"assert type(x) is shared.{cls}, type(x); print('ok')")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

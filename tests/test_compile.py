@@ -28,7 +28,7 @@ from cleanrl_embodied import (
     ppo_vla_ddp,
     shared,
 )
-from cleanrl_embodied.shared.runtime import compile_choice, compiler
+from cleanrl_embodied.shared.compilation import compile_choice, compiler
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async}

@@ -12,13 +12,9 @@ from gymnasium.envs.classic_control.pendulum import PendulumEnv
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 from cleanrl_embodied.shared.envs import BUILTIN_ENV_IDS, BUILTIN_ENVS, make_env
+from cleanrl_embodied.shared.envs.gymnasium_backend import GymnasiumToTorch
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv
-from cleanrl_embodied.shared.envs.wrappers import (
-    EpisodeStatistics,
-    FlattenDictObservation,
-    GymnasiumToTorch,
-    IntervalRandomization,
-)
+from cleanrl_embodied.shared.envs.wrappers import EpisodeStatistics, FlattenDictObservation, IntervalRandomization
 from tests.envs_for_tests import PointReach
 
 HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None

@@ -19,7 +19,7 @@ import torch
 
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared import check_env_id, make_env
-from cleanrl_embodied.shared.envs import maniskill, resolve_env_id
+from cleanrl_embodied.shared.envs import maniskill_backend, resolve_env_id
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
 REPO = Path(__file__).resolve().parents[1]
@@ -200,11 +200,11 @@ def test_maniskill_is_looked_up_only_for_unknown_ids_and_stays_quiet(monkeypatch
         gym.register("FakeManiSkillTaskForTests-v1", entry_point="mani_skill.envs.fake_for_tests:Task")
 
     monkeypatch.setattr(
-        maniskill.importlib.util,
+        maniskill_backend.importlib.util,
         "find_spec",
         lambda name, *a: object() if name == "mani_skill" else real_find_spec(name, *a),
     )
-    monkeypatch.setattr(maniskill, "_import_maniskill", fake_import)
+    monkeypatch.setattr(maniskill_backend, "_import_maniskill", fake_import)
 
     for env_id in ("Pendulum-v1", "PushCubeRL", TEST_ENV):  # known to Gymnasium (after importing the module)
         check_env_id(env_id)
@@ -216,7 +216,7 @@ def test_maniskill_is_looked_up_only_for_unknown_ids_and_stays_quiet(monkeypatch
     assert "Vulkan" not in captured.err + captured.out and "sapien" not in captured.err + captured.out
 
     gym.registry.pop("FakeManiSkillTaskForTests-v1")  # a ManiSkill id: what the import printed is shown
-    assert maniskill.is_maniskill_id("FakeManiSkillTaskForTests-v1")
+    assert maniskill_backend.is_maniskill_id("FakeManiSkillTaskForTests-v1")
     captured = capfd.readouterr()
     assert "A Vulkan render device was not found" in captured.err and "sapien: no render device" in captured.err
 

@@ -23,7 +23,7 @@ from cleanrl_embodied.shared.envs import (
 )
 from cleanrl_embodied.shared.envs.chunks import step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.envs.wrappers import FrameStack
-from cleanrl_embodied.shared.tensordict_helpers import sorted_leaf_keys
+from cleanrl_embodied.shared.observations import sorted_leaf_keys
 from tests.envs_for_tests import random_actions
 
 pytestmark = pytest.mark.usefixtures("single_thread")

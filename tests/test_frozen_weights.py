@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cleanrl_embodied import grpo, grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp
-from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
+from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
 
 SCRIPTS = {"ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp, "ppo_vla_async": ppo_vla_async, "grpo_vla": grpo_vla,
            "grpo": grpo}  # fmt: skip

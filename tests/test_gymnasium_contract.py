@@ -27,7 +27,9 @@ import tests.envs_for_tests  # noqa: F401  (registers PointReach-v0, PointReachD
 import tests.test_env_wrappers  # noqa: F401  (registers CleanrlEmbodiedDictTest-v0: nested Dict obs, is_success)
 from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
-from cleanrl_embodied.shared.envs.wrappers import INFO_KEYS, GymnasiumToTorch, SafeRender, numpy_vector_to_torch
+from cleanrl_embodied.shared.envs.gymnasium_backend import GymnasiumToTorch, numpy_vector_to_torch
+from cleanrl_embodied.shared.envs.numpy_to_torch import INFO_KEYS
+from cleanrl_embodied.shared.envs.render import SafeRender
 from cleanrl_embodied.shared.evaluation import evaluate
 
 INFO_ENV_ID = "CleanrlEmbodiedInfoTest-v0"
@@ -245,7 +247,7 @@ def test_direct_loop_only_for_a_bare_sync_vector_env():
 def test_info_conversion_keeps_a_passed_on_dict_whole_and_drops_what_is_not_numeric():
     """The top-level filter picks entries; a dict that passes (rewards, metrics) keeps every term inside it,
     whatever the terms are called. Both backends (Gymnasium ids, EnvPool) convert through this function."""
-    from cleanrl_embodied.shared.envs.wrappers import numeric_info_to_torch
+    from cleanrl_embodied.shared.envs.numpy_to_torch import numeric_info_to_torch
 
     info = {
         "rewards": {"reach": np.array([1.0, 2.0]), "push": np.array([0.5, 0.0], dtype=np.float32)},

@@ -44,7 +44,7 @@ def _offline(monkeypatch):
 
 
 class StopAtStep:
-    """Stands in for shared.runtime.StopFlag: a stop is requested at the given step (each step asks twice)."""
+    """Stands in for shared.stop_signals.StopFlag: a stop is requested at the given step (each step asks twice)."""
 
     def __init__(self, step: int):
         self.calls, self.step, self.exit_status = 0, step, 130

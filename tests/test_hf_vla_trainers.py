@@ -21,8 +21,8 @@ except ImportError:
     pytest.skip("examples.hf_vla needs the vla extra (uv sync --extra vla)", allow_module_level=True)
 
 from cleanrl_embodied import grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp, shared
-from cleanrl_embodied.shared.checkpoints import model_state
 from cleanrl_embodied.shared.envs import make_env
+from cleanrl_embodied.shared.model_state import model_state
 from examples.hf_vla import make_policy
 
 REPO = Path(__file__).resolve().parents[1]

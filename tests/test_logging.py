@@ -1,4 +1,4 @@
-"""Tests for cleanrl_embodied.shared.logging: run dir, TensorBoard, summary.json, atomic_save, video, W&B."""
+"""Tests for cleanrl_embodied.shared.run_logger: run dir, TensorBoard, summary.json, atomic_save, video, W&B."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_embodied.shared.logging import RunLogger, atomic_save, versions
+from cleanrl_embodied.shared.atomic_files import atomic_save
+from cleanrl_embodied.shared.run_logger import RunLogger, versions
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from cleanrl_embodied.shared import check_env_id, make_env
-from cleanrl_embodied.shared.envs import maniskill
+from cleanrl_embodied.shared.envs import maniskill_backend
 
 HAS_MANISKILL = importlib.util.find_spec("mani_skill") is not None
 needs_maniskill = pytest.mark.skipif(not HAS_MANISKILL, reason="needs the maniskill extra: uv sync --extra maniskill")
@@ -119,7 +119,7 @@ class FakeManiSkillVectorEnv(gym.vector.VectorEnv):
 
 def adapted(**kwargs):
     seed = kwargs.pop("seed", None)
-    return maniskill.maniskill_vector_to_torch(FakeManiSkillVectorEnv(**kwargs), device="cpu", seed=seed)
+    return maniskill_backend.maniskill_vector_to_torch(FakeManiSkillVectorEnv(**kwargs), device="cpu", seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -263,11 +263,11 @@ def fake_maniskill(tmp_path, monkeypatch):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
-    maniskill.sapien_can_render.cache_clear()
+    maniskill_backend.sapien_can_render.cache_clear()
     yield
     for name in [m for m in sys.modules if m.split(".")[0] in ("mani_skill", "sapien")]:
         del sys.modules[name]
-    maniskill.sapien_can_render.cache_clear()
+    maniskill_backend.sapien_can_render.cache_clear()
 
 
 @pytest.mark.skipif(HAS_MANISKILL, reason="real mani_skill is installed (its own tests route real ids)")
@@ -275,8 +275,8 @@ def test_maniskill_ids_are_recognized_by_their_registration_and_routed(fake_mani
     """make_env sends an id that ManiSkill registered to the ManiSkill path (nothing replaced: fake packages
     stand in for mani_skill and sapien): each CPU sub-env is built by ManiSkill's gym.make with one env, the
     adapter's defaults and the user's kwargs, behind CPUGymWrapper; a Gymnasium id is not routed there."""
-    assert maniskill.is_maniskill_id(FAKE_MS_ID)
-    assert not maniskill.is_maniskill_id("Pendulum-v1") and not maniskill.is_maniskill_id("PushCubeRL")
+    assert maniskill_backend.is_maniskill_id(FAKE_MS_ID)
+    assert not maniskill_backend.is_maniskill_id("Pendulum-v1") and not maniskill_backend.is_maniskill_id("PushCubeRL")
     check_env_id(FAKE_MS_ID)
     env = make_env(FAKE_MS_ID, num_envs=3, seed=1, control_mode="pd_joint_delta_pos")
     created = sys.modules["mani_skill.envs.fake_for_tests"].CREATED
@@ -339,12 +339,12 @@ def test_real_maniskill_vector_env_through_the_gpu_path_adapter():
     import mani_skill.envs  # noqa: F401
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-    kwargs = {**maniskill.MANISKILL_DEFAULTS, "sim_backend": "physx_cpu"}
-    if not maniskill.sapien_can_render():
-        maniskill._render_free_sapien()
+    kwargs = {**maniskill_backend.MANISKILL_DEFAULTS, "sim_backend": "physx_cpu"}
+    if not maniskill_backend.sapien_can_render():
+        maniskill_backend._render_free_sapien()
         kwargs.update(render_backend="none")
     raw = ManiSkillVectorEnv(gym.make("PushCube-v1", num_envs=1, **kwargs), auto_reset=True)
-    env = maniskill.maniskill_vector_to_torch(raw, device="cpu", seed=0)
+    env = maniskill_backend.maniskill_vector_to_torch(raw, device="cpu", seed=0)
     obs, _ = env.reset()
     for t in range(1, 51):  # noqa: B007 -- t is checked after the loop
         previous = obs
@@ -424,7 +424,7 @@ class FakeRGBManiSkillVectorEnv(FakeManiSkillVectorEnv):
 
 
 def test_maniskill_rgb_observations_stay_uint8_channels_first_and_camera_matrices_go():
-    env = maniskill.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", seed=0)
+    env = maniskill_backend.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", seed=0)
     space = env.single_observation_space
     assert "sensor_param" not in space.spaces
     assert space["sensor_data"]["cam"]["rgb"] == gym.spaces.Box(0, 255, (3, 8, 10), np.uint8)
@@ -437,5 +437,5 @@ def test_maniskill_rgb_observations_stay_uint8_channels_first_and_camera_matrice
     obs, _, _, _, info = env.step(torch.ones(2, 1))
     assert (obs["sensor_data", "cam", "rgb"][:, 0, :, 0] != before).all()  # the image moved with the point
     assert info["final_obs"]["sensor_data", "cam", "rgb"].dtype == torch.uint8
-    flat = maniskill.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", flatten_obs=True)
+    flat = maniskill_backend.maniskill_vector_to_torch(FakeRGBManiSkillVectorEnv([1.0, -1.0]), "cpu", flatten_obs=True)
     assert flat.reset()[0].shape == (2, 1 + 2 + 3 * 8 * 10)  # pos, goal, t and the image; no camera matrices

@@ -15,8 +15,8 @@ from tensordict import TensorDict
 from cleanrl_embodied import grpo, ppo_ddp, ppo_vla_async
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared import make_env, rollout_storage
-from cleanrl_embodied.shared.runtime import NonFiniteWatch
-from cleanrl_embodied.shared.tensordict_helpers import finite_rows, float_entries, image_spaces, state_dim
+from cleanrl_embodied.shared.non_finite import NonFiniteWatch
+from cleanrl_embodied.shared.observations import finite_rows, float_dim, float_entries, image_spaces
 from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
 
 PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
@@ -45,7 +45,7 @@ def test_state_vector_normalizes_nothing_but_float_entries():
         },
         batch_size=[2],
     )
-    assert list(image_spaces(PIXEL_SPACE)) == [("rgb",)] and state_dim(PIXEL_SPACE) == 5
+    assert list(image_spaces(PIXEL_SPACE)) == [("rgb",)] and float_dim(PIXEL_SPACE) == 5
     assert torch.equal(float_entries(obs), torch.tensor([[1.0, 2.0, 0, 0, 0], [3.0, 4.0, 0, 0, 0]]))
     plain = torch.randn(4, 6)
     assert float_entries(plain) is plain

@@ -24,7 +24,7 @@ from cleanrl_embodied.shared.envs import (
 )
 from cleanrl_embodied.shared.envs.chunks import step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.envs.push_cube import INTERFACE_KWARGS, PushCubeRLVecEnv
-from cleanrl_embodied.shared.tensordict_helpers import flatten_obs
+from cleanrl_embodied.shared.observations import flatten_obs
 from tests.envs_for_tests import random_actions
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -39,8 +39,8 @@ def test_push_cube_privileged_entry_is_the_state_modes_observation(obs_mode):
     state, *_ = plain.step(action)
     torch.testing.assert_close(obs[shared.PRIVILEGED_KEY], state, rtol=0, atol=0)
     # what an actor reads leaves it out
-    assert shared.state_dim(space) == (17 if obs_mode == "proprio+rgb" else 31 if obs_mode == "state+rgb" else 0)
-    assert shared.float_entries(obs).shape[-1] == shared.state_dim(space)
+    assert shared.float_dim(space) == (17 if obs_mode == "proprio+rgb" else 31 if obs_mode == "state+rgb" else 0)
+    assert shared.float_entries(obs).shape[-1] == shared.float_dim(space)
     assert list(shared.image_spaces(space)) == [("rgb",)]
 
 

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from cleanrl_embodied.shared.runtime import QUIET_COMPILE_WARNINGS, compiler
+from cleanrl_embodied.shared.compilation import QUIET_COMPILE_WARNINGS, compiler
 
 
 def test_compiling_drops_only_the_two_known_warnings(caplog):

@@ -86,7 +86,7 @@ def test_every_stream_of_a_run_has_its_own_seed(tmp_path, name, monkeypatch):
 def test_env_streams_of_ranks_and_runs_do_not_overlap():
     """ppo_ddp's rank r of seed s used seeds s + r * num_envs + i: rank 1 of seed 1 replayed rank 0 of seed
     1 + num_envs. Now every (seed, rank) has its own stream; their windows of 256 sub-env seeds do not overlap."""
-    from cleanrl_embodied.shared.runtime import STREAMS, stream_seed
+    from cleanrl_embodied.shared.random_streams import STREAMS, stream_seed
 
     starts = sorted(stream_seed(seed, "train_envs", rank) for seed in range(1, 33) for rank in range(8))
     assert all(b - a >= 256 for a, b in zip(starts, starts[1:]))

@@ -18,8 +18,9 @@ from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.evaluation import Evaluator, evaluation_seed
-from cleanrl_embodied.shared.logging import RunLogger
-from cleanrl_embodied.shared.runtime import SkipGuard, seed_everything, stream_seed
+from cleanrl_embodied.shared.non_finite import SkipGuard
+from cleanrl_embodied.shared.random_streams import seed_everything, stream_seed
+from cleanrl_embodied.shared.run_logger import RunLogger
 
 TINY = dict(
     num_envs=8,

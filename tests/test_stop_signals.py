@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_recurrent, ppo_vla_async
-from cleanrl_embodied.shared.runtime import StopFlag
+from cleanrl_embodied.shared.stop_signals import StopFlag
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

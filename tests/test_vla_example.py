@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensordict import TensorDict
 
 from cleanrl_embodied import grpo, ppo_continuous, ppo_vla_async
-from cleanrl_embodied.shared.checkpoints import frozen_fingerprint
+from cleanrl_embodied.shared.model_state import frozen_fingerprint
 from examples import tiny_vla
 from examples.tiny_vla import TinyVLA, TinyVLAConfig, load_pretrained, make_policy, save_pretrained
 

@@ -14,7 +14,7 @@ import time
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from cleanrl_embodied.shared.tensordict_helpers import float_entries, state_dim
+from cleanrl_embodied.shared.observations import float_dim, float_entries
 
 
 def _agent_class(args):
@@ -42,7 +42,7 @@ class ToyVLA(torch.nn.Module):
 
     def __init__(self, obs_space, act_space, args, hidden: int = 16, init_logstd: float = -0.5):
         super().__init__()
-        features = state_dim(obs_space)
+        features = float_dim(obs_space)
         self.action_shape, self.bins = act_space.shape, args.action_bins if args.action_head == "bins" else 0
         entries = math.prod(self.action_shape)
         self.critic = _mlp(features, hidden, 1, 1.0)

@@ -3,16 +3,13 @@ and what is frozen (`model_state`, `frozen_fingerprint`, and `inference_copy`, a
 
 What a checkpoint *holds* is the trainer's business (it builds the dict); this module only loads one
 safely and says, in one line, why a file cannot serve the run at hand. Files are written with
-``atomic_save`` (shared.logging) and read with ``torch.load(weights_only=True)``.
+``atomic_save`` (shared.atomic_files) and read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import inspect
 import json
-import random
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,23 +22,18 @@ from cleanrl_embodied.shared.builders import EnvOptions
 from cleanrl_embodied.shared.cli import fail, flag
 from cleanrl_embodied.shared.envs import BUILTIN_ENVS, OBSERVATION_KWARGS, resolve_env_id
 from cleanrl_embodied.shared.envs.wrappers import FlattenDictObservation, SelectObservation
-from cleanrl_embodied.shared.tensordict_helpers import flat_dim
+from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
+from cleanrl_embodied.shared.observations import flat_dim
 from cleanrl_embodied.shared.trainer_file import network_differences
 
 __all__ = [
     "HARMLESS_ENV_KWARGS",
     "check_env_sizes",
     "env_record",
-    "frozen_fingerprint",
-    "inference_copy",
     "load_checkpoint",
     "load_model_state",
     "load_optimizer",
-    "model_state",
-    "note_schedule_change",
     "observation_layout",
-    "rng_state",
-    "set_rng_state",
     "without_privileged_critic",
 ]
 
@@ -296,7 +288,7 @@ def _check_trainer(ckpt: dict, path: str, flag_name: str, scripts, trainer: dict
         )
 
 
-def load_start(
+def load_resume_or_eval(
     resume: str | None,
     eval_checkpoint: str | None,
     trainer: dict,
@@ -361,43 +353,6 @@ def check_env_sizes(envs, *checkpoints: tuple[dict | None, str], show: bool = Tr
             what = f"observation entry {i} is {_describe_leaf(there[i])} there, {_describe_leaf(here[i])} here"
         fail(f"{flag(flag_name)}: the checkpoint's {what} (pass the env options it was trained with)", show)
     return obs_dim, act_dim
-
-
-def model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint holds of a model: its state dict without the frozen parameters (``requires_grad`` off),
-    i.e. the trainable parameters and the buffers, detached. A pretrained backbone that is not trained (a VLA
-    fine-tuned with LoRA) is thus never written: its factory builds it again, and :func:`frozen_fingerprint`
-    checks that it is the same. For the trainers' own agents, which train everything, this is the whole state."""
-    state = module.state_dict(keep_vars=True)
-    return {k: v.detach() for k, v in state.items() if not (isinstance(v, torch.nn.Parameter) and not v.requires_grad)}
-
-
-def inference_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of ``module`` that shares its frozen parameters (``requires_grad`` off: the very same tensors, never
-    copied) and holds its own copies of the rest, the trainable parameters and the buffers (what :func:`model_state`
-    names, and what a trainer copies into it after each update). A copy that acts beside the learner (an async
-    collector, FSDP's whole-weight inference copy) thus costs the trainable part, not a second backbone. A frozen
-    parameter the learner changed in place would change in the copy too; buffers are never shared (a trainer writes
-    the learner's into the copy, which must not write into the learner's)."""
-    memo = {id(p): p for p in module.parameters() if not p.requires_grad}  # deepcopy returns these as they are
-    return copy.deepcopy(module, memo)
-
-
-def frozen_fingerprint(module: torch.nn.Module, prefix: str = "") -> str:
-    """SHA-256 of the frozen parameters' names, shapes, dtypes and bytes (in name order): what a checkpoint
-    records of the part of the model it does not hold ("" when everything trains). ``prefix``: what the names
-    carried in the module that wrote the checkpoint, when ``module`` was a part of it (``"policy."``: the policy
-    inside ppo_vla.py's privileged-critic wrapper, :func:`without_privileged_critic`)."""
-    frozen = sorted((prefix + k, v) for k, v in module.state_dict(keep_vars=True).items()
-                    if isinstance(v, torch.nn.Parameter) and not v.requires_grad)  # fmt: skip
-    if not frozen:
-        return ""
-    digest = hashlib.sha256()
-    for name, value in frozen:
-        tensor = value.detach().contiguous().cpu()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
 
 
 PRIVILEGED_CRITIC_POLICY = "policy."
@@ -476,47 +431,3 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, sharded: torch
     for group, lr in zip(optimizer.param_groups, lrs):
         if isinstance(lr, torch.Tensor):
             group["lr"] = lr.fill_(float(group["lr"]))
-
-
-def rng_state() -> dict:
-    """Python's, NumPy's and torch's (CPU and this process's CUDA device) random states, as tensors and
-    plain values that ``torch.load(weights_only=True)`` can read back."""
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "torch": torch.get_rng_state(),
-        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
-        "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` captured."""
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"][0])
-    keys, *rest = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
-
-
-def note_schedule_change(
-    ckpt: dict, start_iteration: int, num_iterations: int, learning_rate: float, anneal: bool, say
-) -> None:
-    """The learning rate anneals (``anneal``, --anneal-lr) linearly from ``learning_rate`` at iteration 1 to 0 after
-    ``num_iterations``, resumed or not. A resume with another number of iterations (another ``--total-timesteps``,
-    e.g. to train longer) thus follows the schedule of a run planned with the new total; ``say`` announces it with
-    the learning rate of ``start_iteration`` (the iteration the trainer goes on at: after a resume in another world
-    size, where its env steps are, not the checkpoint's iteration + 1) and the one the checkpoint's run would have
-    used next (continuing the old schedule would leave a finished run at 0). Nothing is said when the two are the
-    same (e.g. the same total in another world size)."""
-    done, old_total = ckpt["iteration"], ckpt["num_iterations"]
-    if not anneal or (start_iteration - 1) * old_total == done * num_iterations:  # (the same fraction of the plan)
-        return
-    new_lr = learning_rate * max(1.0 - (start_iteration - 1) / num_iterations, 0.0)
-    old_lr = learning_rate * max(1.0 - done / old_total, 0.0)
-    say(
-        f"this run has {num_iterations} iterations, the checkpoint's run {old_total}: the learning rate follows "
-        f"the {num_iterations}-iteration schedule, {new_lr:.3g} at iteration {start_iteration} "
-        f"(the old schedule had {old_lr:.3g})"
-    )

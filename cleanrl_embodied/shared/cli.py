@@ -89,7 +89,7 @@ def check_args(
     args: Any,
     positive: Iterable[str] = (),
     non_negative: Iterable[str] = (),
-    at_most_one: Iterable[str] = (),
+    at_most_1: Iterable[str] = (),
     finite: Iterable[str] = (),
     may_be_inf: Iterable[str] = (),
     sizes: Iterable[str] = ("hidden_sizes",),
@@ -102,7 +102,7 @@ def check_args(
     """The checks every trainer makes, each failing with one line naming the flag: fields that must be
     > 0 (None skips), >= 0, <= 1 (discounts, lambdas), non-empty tuples of positive integers (layer sizes),
     JSON objects (env kwargs), paths of existing files (None skips), a known env id. Every number named in
-    ``positive``, ``non_negative``, ``at_most_one`` or ``finite`` must be finite (NaN never passes; ``inf`` only
+    ``positive``, ``non_negative``, ``at_most_1`` or ``finite`` must be finite (NaN never passes; ``inf`` only
     for the fields in ``may_be_inf``, where it means "no limit"). ``minibatches_of``: the number of samples
     ``--num-minibatches`` must cut into equal minibatches of at least 2 (advantages are normalized per
     minibatch). For a `RunArgs`, its own fields are checked too (``--seed`` >= 0, ``--resume`` and
@@ -119,7 +119,7 @@ def check_args(
                 show,
             )
     may_be_inf = set(may_be_inf)
-    for name in dict.fromkeys((*positive, *non_negative, *at_most_one, *finite)):
+    for name in dict.fromkeys((*positive, *non_negative, *at_most_1, *finite)):
         value = getattr(args, name)
         if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and name not in may_be_inf)):
             fail(f"{flag(name)} must be a finite number, got {value}", show)
@@ -130,7 +130,7 @@ def check_args(
     for name in non_negative:
         if getattr(args, name) < 0:
             fail(f"{flag(name)} must be >= 0, got {getattr(args, name)}", show)
-    for name in at_most_one:
+    for name in at_most_1:
         if getattr(args, name) > 1.0:
             fail(f"{flag(name)} must be <= 1, got {getattr(args, name)}", show)
     for name in sizes:

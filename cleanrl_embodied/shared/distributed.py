@@ -13,8 +13,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
-from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, model_state
 from cleanrl_embodied.shared.cli import fail
+from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
 
 __all__ = ["broadcast_model", "check_in_sync", "copy_unsharded_into", "process_group", "unsharded", "unsharded_state"]
 

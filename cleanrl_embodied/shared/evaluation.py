@@ -17,8 +17,8 @@ from tensordict import TensorDict
 from cleanrl_embodied.shared.cli import fail
 from cleanrl_embodied.shared.envs.chunks import step_chunk
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY, decode_instructions
-from cleanrl_embodied.shared.logging import RunLogger
-from cleanrl_embodied.shared.runtime import stream_seed
+from cleanrl_embodied.shared.random_streams import stream_seed
+from cleanrl_embodied.shared.run_logger import RunLogger
 
 __all__ = ["Evaluator", "caption", "evaluate", "evaluation_seed"]
 

@@ -28,10 +28,10 @@ import torch
 import tyro
 from tensordict import TensorDict
 
+from cleanrl_embodied.shared.atomic_files import atomic_save
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube import expert_action
-from cleanrl_embodied.shared.logging import atomic_save
 
 __all__ = ["Args", "load_demos", "record"]
 

@@ -41,11 +41,12 @@ import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.checkpoints import frozen_fingerprint, load_model_state, model_state
+from cleanrl_embodied.shared.atomic_files import atomic_save
+from cleanrl_embodied.shared.checkpoints import load_model_state
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
-from cleanrl_embodied.shared.logging import atomic_save
-from cleanrl_embodied.shared.runtime import StopFlag
+from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
+from cleanrl_embodied.shared.stop_signals import StopFlag
 from examples.hf_vla.bc import bc_loss, evaluate_policy
 from examples.hf_vla.demos import load_demos
 from examples.hf_vla.factory import RUN_KWARGS, make_policy

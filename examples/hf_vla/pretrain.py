@@ -49,13 +49,13 @@ import torch.nn as nn
 import tyro
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.checkpoints import model_state
+from cleanrl_embodied.shared.atomic_files import atomic_save
 from cleanrl_embodied.shared.cli import check_args, fail
 from cleanrl_embodied.shared.envs import make_env
 from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TASKS, PROPRIO_DIM, TASKS
 from cleanrl_embodied.shared.language import encode_instructions
-from cleanrl_embodied.shared.logging import atomic_save
-from cleanrl_embodied.shared.runtime import StopFlag
+from cleanrl_embodied.shared.model_state import model_state
+from cleanrl_embodied.shared.stop_signals import StopFlag
 from examples.hf_vla.bc import evaluate_policy
 from examples.hf_vla.demos import record
 from examples.hf_vla.factory import make_policy

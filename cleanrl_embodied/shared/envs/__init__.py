@@ -6,17 +6,17 @@ id (its docstring has the table); each backend lives in its own file:
 
 - built-in batched torch tasks (``BUILTIN_ENVS``: PushCubeRL), registered with Gymnasium on import, so
   ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too: :mod:`.push_cube`;
-- ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): :mod:`.maniskill`;
+- ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): :mod:`.maniskill_backend`;
 - Gymnasium ids with ``vectorization="envpool"`` (extra ``envpool``): :mod:`.envpool_backend`;
 - every other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
-  sub-envs -> :func:`~.wrappers.make_gymnasium_env` in :mod:`.wrappers`;
+  sub-envs -> :func:`~.gymnasium_backend.make_gymnasium_env` in :mod:`.gymnasium_backend`;
 - ``"module:EnvId"`` (Gymnasium's own form, as in ``gymnasium.make``): ``module`` is imported first, so that a
   package that registers its ids on import (gymnasium-robotics, a lab's task package, a ``.py`` file in the
   current directory) works from the command line; then ``EnvId`` is served as above (:func:`resolve_env_id`).
 
 ``RANDOMIZATION_KWARGS`` names the env kwargs that randomize or disturb an env; the eval envs do not inherit them
-from ``--env-kwargs`` (``shared/cli.py``: ``env_kwargs_for``). ``OBSERVATION_KWARGS`` names make_env's own options
-that change what a policy sees (``flatten_obs``, ``obs_indices``, ``obs_keys``, ``frame_stack``).
+from ``--env-kwargs`` (``shared/builders.py``: ``EnvOptions.kwargs``). ``OBSERVATION_KWARGS`` names make_env's own
+options that change what a policy sees (``flatten_obs``, ``obs_indices``, ``obs_keys``, ``frame_stack``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import torch
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import VectorEnv
 
-from cleanrl_embodied.shared.envs import envpool_backend, maniskill  # neither imports its package yet
+from cleanrl_embodied.shared.envs import envpool_backend, maniskill_backend  # neither imports its package yet
+from cleanrl_embodied.shared.envs.gymnasium_backend import make_gymnasium_env
 from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
     FlattenDictObservation,
@@ -42,7 +43,6 @@ from cleanrl_embodied.shared.envs.wrappers import (
     SelectObservation,
     flattens,
     frame_stack_size,
-    make_gymnasium_env,
     observation_indices,
     observation_keys,
 )
@@ -159,7 +159,7 @@ def check_env_id(env_id: str) -> str:
     neither built in, nor a registered Gymnasium id, nor a ManiSkill id. ManiSkill is looked up (imported, seconds;
     only when installed) only for an id Gymnasium doesn't know, even after importing the ``module:`` part."""
     name = resolve_env_id(env_id)
-    if name in BUILTIN_ENV_IDS or name in gym.registry or maniskill.is_maniskill_id(name):
+    if name in BUILTIN_ENV_IDS or name in gym.registry or maniskill_backend.is_maniskill_id(name):
         return name
     close = difflib.get_close_matches(name, [*BUILTIN_ENV_IDS, *gym.registry], n=3, cutoff=0.75)
     if name != env_id:
@@ -188,14 +188,14 @@ def make_env(
     """Build ``num_envs`` copies of ``env_id`` behind the torch env contract, on ``device``. The one place that
     decides which backend serves an id, in this order:
 
-    =======================================  ====================================================  ==================
-    ``env_id`` (after ``module:`` import)    backend                                               file
-    =======================================  ====================================================  ==================
-    a built-in id (``BUILTIN_ENVS``)         the batched torch task, through ``gym.make_vec``      push_cube.py
-    a ManiSkill id (e.g. PushCube-v1)        ManiSkill's GPU or CPU simulation                     maniskill.py
+    =======================================  ====================================================  ====================
+    ``env_id`` (after ``module:`` import)    backend                                               module
+    =======================================  ====================================================  ====================
+    a built-in id (``BUILTIN_ENVS``)         the batched torch task, through ``gym.make_vec``      push_cube/
+    a ManiSkill id (e.g. PushCube-v1)        ManiSkill's GPU or CPU simulation                     maniskill_backend.py
     Gymnasium id, ``vectorization=envpool``  EnvPool's C++ thread pool                             envpool_backend.py
-    any other registered Gymnasium id        numpy sub-envs (sync / async) -> GymnasiumToTorch     wrappers.py
-    =======================================  ====================================================  ==================
+    any other registered Gymnasium id        numpy sub-envs (sync / async) -> GymnasiumToTorch     gymnasium_backend.py
+    =======================================  ====================================================  ====================
 
     ``env_id`` may be ``"module:EnvId"``: the module is imported first (its import registers ``EnvId``); an id none
     of these knows is one ValueError line (:func:`check_env_id`).
@@ -245,8 +245,8 @@ def make_env(
         env = gym.make_vec(env_id, num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten):
             env = FlattenDictObservation(env)
-    elif maniskill.is_maniskill_id(env_id):
-        env = maniskill.make_maniskill_env(
+    elif maniskill_backend.is_maniskill_id(env_id):
+        env = maniskill_backend.make_maniskill_env(
             env_id, num_envs, device, seed, vectorization=vectorization, flatten_obs=flatten, **env_kwargs
         )
     elif vectorization == "envpool":

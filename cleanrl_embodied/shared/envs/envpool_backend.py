@@ -37,7 +37,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers.utils import rescale_box
 
-from cleanrl_embodied.shared.envs.wrappers import _float32_space, info_key_filter, numeric_info_to_torch
+from cleanrl_embodied.shared.envs.numpy_to_torch import float32_space, info_key_filter, numeric_info_to_torch
 
 __all__ = ["EnvPoolToTorch", "envpool_ids", "make_envpool_env"]
 
@@ -169,7 +169,7 @@ class EnvPoolToTorch(VectorEnv):
             self.single_action_space.low, self.single_action_space.high, dtype=np.float32
         )
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self.single_observation_space = _float32_space(obs_space)
+        self.single_observation_space = float32_space(obs_space)
         if not isinstance(self.single_observation_space, gym.spaces.Box):
             raise ValueError(f"--env-id {env_id!r}: --env-vectorization envpool supports Box observations only")
         self.observation_space = batch_space(self.single_observation_space, num_envs)

@@ -1,7 +1,10 @@
-"""TensorDict helpers: flattening dict observations, image leaves, finite checks and preallocated rollout storage.
+"""Observations as the trainers see them: which entries of an observation space are images, instruction tokens,
+float state or privileged state (``image_spaces``, ``token_spaces``, ``float_dim``, ``privileged_dim``), the float
+part as one tensor (``float_entries``: what a normalizer sees), dict observations flattened (``flatten_obs``,
+``flat_dim``), the rows that are finite, and observations in and out of a checkpoint.
 
-Everything here is a pure function over tensors/TensorDicts, so a trainer can wrap its
-own code with torch.compile or CUDA graphs without these helpers getting in the way.
+Everything here is a pure function over tensors/TensorDicts, so a trainer can wrap its own code with torch.compile
+or CUDA graphs without these helpers getting in the way.
 """
 
 from __future__ import annotations
@@ -13,9 +16,26 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+__all__ = [
+    "PRIVILEGED_KEY",
+    "finite_rows",
+    "flat_dim",
+    "flatten_obs",
+    "float_entries",
+    "image_spaces",
+    "is_image",
+    "obs_for_checkpoint",
+    "obs_from_checkpoint",
+    "privileged_dim",
+    "privileged_entries",
+    "sorted_leaf_keys",
+    "float_dim",
+    "token_spaces",
+]
+
 PRIVILEGED_KEY = "privileged"
 """The top-level observation entry that holds privileged state: what a simulator knows and a robot would not (the
-cube's pose, the goal). Only a critic reads it (``--privileged-critic``); float_entries, state_dim and the image
+cube's pose, the goal). Only a critic reads it (``--privileged-critic``); float_entries, float_dim and the image
 and instruction finders leave it out, so an actor never sees it (docs/env-contract.md)."""
 
 
@@ -82,7 +102,7 @@ def _float_boxes(space: gym.Space, top: bool = True) -> list[gym.spaces.Box]:
     return [space] if np.issubdtype(space.dtype, np.floating) else []
 
 
-def state_dim(space: gym.Space) -> int:
+def float_dim(space: gym.Space) -> int:
     """Size of :func:`float_entries` for observations of ``space``: all its float entries (not the images, not the
     instruction tokens, not the privileged entry)."""
     return sum(int(np.prod(box.shape)) for box in _float_boxes(space))
@@ -126,19 +146,6 @@ def finite_rows(obs: TensorDict | torch.Tensor, batch_dims: int = 1) -> torch.Te
     return ok
 
 
-def zeros_like_space(space: gym.Space, batch_shape: tuple[int, ...], device) -> torch.Tensor | TensorDict:
-    """Zeros shaped like ``batch_shape`` observations of ``space``, in its dtypes (uint8 images stay uint8): a
-    tensor for a Box, a TensorDict of the same nesting for a Dict."""
-    if isinstance(space, gym.spaces.Dict):
-        return TensorDict(
-            {key: zeros_like_space(sub, batch_shape, device) for key, sub in space.spaces.items()},
-            batch_size=batch_shape,
-            device=device,
-        )
-    dtype = torch.from_numpy(np.zeros((), space.dtype)).dtype
-    return torch.zeros((*batch_shape, *space.shape), dtype=dtype, device=device)
-
-
 def obs_for_checkpoint(obs: TensorDict | torch.Tensor) -> dict | torch.Tensor:
     """An observation as what ``torch.load(weights_only=True)`` reads back: a TensorDict becomes nested dicts."""
     return obs.to_dict() if isinstance(obs, TensorDict) else obs
@@ -151,12 +158,6 @@ def obs_from_checkpoint(value: dict | torch.Tensor, device: torch.device | str) 
     return TensorDict(value, device=device).auto_batch_size_(batch_dims=1)
 
 
-def micro_batches(mb: TensorDict, size: int) -> tuple[TensorDict, ...]:
-    """``mb`` in pieces of at most ``size`` samples (``--micro-batch-size``: gradients accumulated over the pieces);
-    ``(mb,)`` itself when it fits in one, which spares the split's per-call cost on every minibatch."""
-    return (mb,) if size >= mb.shape[0] else mb.split(size)
-
-
 def flat_dim(space: gym.Space) -> int:
     """Size of one observation of ``space`` after :func:`flatten_obs` (Box or nested Dict of Boxes)."""
     if isinstance(space, gym.spaces.Dict):
@@ -164,27 +165,3 @@ def flat_dim(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     raise TypeError(f"flat_dim: unsupported observation space {space}; expected Box or Dict of Boxes")
-
-
-def rollout_storage(
-    num_steps: int,
-    num_envs: int,
-    device: torch.device | str,
-    **fields: tuple[tuple[int, ...], torch.dtype] | gym.Space,
-) -> TensorDict:
-    """Preallocate a [num_steps, num_envs] TensorDict with zeros per field: ``(shape, dtype)``, or a Gymnasium
-    space (a Box, or a Dict that becomes a nested TensorDict with each leaf in its own dtype).
-
-    Example: ``rollout_storage(T, N, dev, obs=envs.single_observation_space, done=((), torch.bool))``.
-    """
-    batch = (num_steps, num_envs)
-    return TensorDict(
-        {
-            name: zeros_like_space(spec, batch, device)
-            if isinstance(spec, gym.Space)
-            else torch.zeros((*batch, *spec[0]), dtype=spec[1], device=device)
-            for name, spec in fields.items()
-        },
-        batch_size=batch,
-        device=device,
-    )

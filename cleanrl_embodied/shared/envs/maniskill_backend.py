@@ -10,7 +10,7 @@ the CPU backend, ``vectorization`` (``"sync"``/``"async"``).
   ``ManiSkillVectorEnv`` (SAME_STEP autoreset through partial resets) -> :class:`ManiSkillToTorch`.
 - CPU simulation (``physx_cpu``, the default otherwise; ManiSkill allows one env per CPU scene): ``num_envs``
   single envs behind ManiSkill's ``CPUGymWrapper`` in a Gymnasium ``SyncVectorEnv``/``AsyncVectorEnv`` ->
-  the same numpy path as every Gymnasium id (:func:`~.wrappers.numpy_vector_to_torch`).
+  the same numpy path as every Gymnasium id (:func:`~.gymnasium_backend.numpy_vector_to_torch`).
 
 Without a rendering device (no GPU / Vulkan driver), SAPIEN can't create even the render *materials* that
 ManiSkill's scene builders make unconditionally, although nothing is ever drawn with them. Then this module
@@ -40,16 +40,10 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from gymnasium.vector.utils import batch_space
 from tensordict import TensorDict
 
-from cleanrl_embodied.shared.envs.wrappers import (
-    EpisodeStatistics,
-    FlattenDictObservation,
-    RenderFirstEnv,
-    SafeRender,
-    _float32_space,
-    env_name,
-    flattens,
-    numpy_vector_to_torch,
-)
+from cleanrl_embodied.shared.envs.gymnasium_backend import numpy_vector_to_torch
+from cleanrl_embodied.shared.envs.numpy_to_torch import float32_space
+from cleanrl_embodied.shared.envs.render import RenderFirstEnv, SafeRender, env_name
+from cleanrl_embodied.shared.envs.wrappers import EpisodeStatistics, FlattenDictObservation, flattens
 
 __all__ = ["ManiSkillToTorch", "is_maniskill_id", "make_maniskill_env", "maniskill_vector_to_torch"]
 
@@ -199,7 +193,7 @@ def _contract_space(space: gym.Space) -> gym.Space:
     if isinstance(space, gym.spaces.Box) and _is_hwc_image(space):
         height, width, channels = space.shape
         return gym.spaces.Box(0, 255, (channels, height, width), np.uint8)
-    return _float32_space(space)
+    return float32_space(space)
 
 
 # ---- the GPU path: ManiSkillVectorEnv -> contract ---------------------------------------------------------
