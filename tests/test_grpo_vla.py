@@ -150,13 +150,32 @@ def test_micro_batch_size_bounds_every_forward_pass(tmp_path, head):
 def test_a_grpo_checkpoint_is_refused_in_one_line(tmp_path):
     out = grpo_vla.main(tiny_args(tmp_path / "a", iterations=1))
     ckpt = torch.load(out["checkpoint"], weights_only=True)
-    ckpt["script"] = "grpo"  # what grpo.py writes (and wrote before the VLA trainers split off, issue 37)
+    ckpt["script"] = "grpo"  # what grpo.py wrote before the VLA trainers split off (issue 37): no trainer record yet
+    del ckpt["trainer"]
     torch.save(ckpt, tmp_path / "old.pt")
     for flag in ("resume", "eval_checkpoint"):
         with pytest.raises(SystemExit) as e:
             grpo_vla.main(tiny_args(tmp_path / "b", iterations=2, **{flag: str(tmp_path / "old.pt")}))
         message = str(e.value.code)
         assert "\n" not in message and "grpo.py" in message and "before the VLA trainers split" in message, message
+
+
+def test_a_checkpoint_of_todays_grpo_is_refused_naming_both_files(tmp_path):
+    """grpo.py's checkpoints record its file and network code (grpo.py's Actor), which is not grpo_vla.py's: one
+    line names both files and the definitions that differ, for --resume and --eval-checkpoint."""
+    from cleanrl_embodied import grpo
+
+    out = grpo.main(grpo.Args(env_id="PushCubeLangRL", num_envs=8, group_size=4, num_steps=5, total_timesteps=40,
+                              num_minibatches=2, update_epochs=1, num_eval_envs=2, num_eval_episodes=2, eval_freq=0,
+                              save_freq=0, cuda=False, compile="off", hidden_sizes=(8,),
+                              output_dir=str(tmp_path / "grpo")))  # fmt: skip
+    checkpoint = str(Path(out["run_dir"]) / "checkpoints" / "last.pt")
+    for flag in ("resume", "eval_checkpoint"):
+        with pytest.raises(SystemExit) as e:
+            grpo_vla.main(tiny_args(tmp_path / "b", iterations=2, **{flag: checkpoint}))
+        message = str(e.value.code)
+        assert "\n" not in message and str(Path(grpo.__file__).resolve()) in message, message
+        assert str(Path(grpo_vla.__file__).resolve()) in message and "make_agent (changed)" in message, message
 
 
 def test_eval_checkpoint_evaluates_without_training(tmp_path):
