@@ -1,4 +1,7 @@
-"""Fixtures more than one test module uses (opt-in: `pytest.mark.usefixtures("single_thread")`)."""
+"""Fixtures more than one test module uses (opt-in: `pytestmark = pytest.mark.usefixtures("single_thread")`), the
+options and marks of the suite. Helpers that are plain functions live beside this file: trainer_args.py (tiny Args
+per trainer), checks.py (one-line errors, compiled gradients, micro-batches, GPU host syncs), subprocesses.py
+(trainers run as subprocesses and signalled), hf_vla_policies.py, toy_policies.py, envs_for_tests.py and others."""
 
 import pytest
 import torch
@@ -11,6 +14,20 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No run reaches wandb (WANDB_MODE=disabled), and torch computes on one thread: set for the rest of the
+    session, not given back (as the modules that use this always left it)."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def offline_hub(offline, monkeypatch):
+    """`offline`, and no model is fetched from a hub (HF_HUB_OFFLINE=1): building a policy must never reach one."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def pytest_addoption(parser):

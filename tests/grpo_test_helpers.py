@@ -10,6 +10,7 @@
 - ``GRPOSuccessToy-v0``: episodes of up to 10 steps; an action > 0 at the 2nd step ends the episode with
   success, otherwise it runs to the limit without success. With ``--num-steps`` 5, only successes end inside
   the horizon.
+- ``PUSH_CUBE_GROUPS``: the sizes of grpo.py's short runs on PushCubeRL in tests/test_grpo.py and test_grpo_loss.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import numpy as np
 import torch
 
 from cleanrl_embodied import grpo
+from tests.trainer_args import EIGHT_ENVS
+
+# 8 envs in groups of 4 over whole episodes (no --num-steps: PushCubeRL's 50-step horizon), EIGHT_ENVS otherwise. The
+# test adds how many steps it runs.
+PUSH_CUBE_GROUPS = dict(EIGHT_ENVS, env_id="PushCubeRL", num_steps=None, group_size=4)
 
 
 def _actor(obs_space, act_space, args) -> grpo.Actor:
@@ -77,6 +83,9 @@ def nan_actor(obs_space, act_space, args, at_calls: list[int]) -> grpo.Actor:
 
 
 class SuccessToy(gym.Env):
+    """``GRPOSuccessToy-v0``: a point drawn at reset that never moves; a step that `succeeds` ends the episode with
+    reward 1 and success (here the 2nd step, if its action is > 0). A subclass changes `succeeds`."""
+
     def __init__(self):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -87,9 +96,13 @@ class SuccessToy(gym.Env):
         self._t, self._x = 0, self.np_random.uniform(-1, 1, 2).astype(np.float32)
         return self._x.copy(), {}
 
+    def succeeds(self, t: int, action) -> bool:
+        """Whether the episode's ``t``-th step (from 1), with ``action``, succeeds."""
+        return t == 2 and float(action[0]) > 0
+
     def step(self, action):
         self._t += 1
-        success = self._t == 2 and float(action[0]) > 0
+        success = self.succeeds(self._t, action)
         return self._x.copy(), float(success), success, False, {"success": success}
 
 

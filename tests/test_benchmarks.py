@@ -17,6 +17,7 @@ import pytest
 import tyro
 
 from tests.extras import needs
+from tests.subprocesses import subprocess_env
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -261,30 +262,19 @@ def test_results_land_in_the_documentation_site(monkeypatch):
 
 
 # ---- tiny real runs --------------------------------------------------------------------------------
+def run_benchmark(script: str, *args: str, out: Path, md: Path) -> None:
+    """benchmarks/<script> with ``args``, writing its results under ``out`` and its tables into ``md`` (not the
+    repository's RESULTS.md); it must succeed."""
+    command = [sys.executable, str(BENCH / script), *args, "--out", str(out), "--results-md", str(md)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=subprocess_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_smoke_suite_end_to_end(tmp_path):
     """2 seeds x PPO x PushCubeRL for 4 iterations, two at a time, then seed 1 again for the determinism check:
     PNG, tables, runs.json."""
     out, md = tmp_path / "smoke", tmp_path / "RESULTS.md"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "run.py"),
-            "--suite",
-            "smoke",
-            "--seeds",
-            "2",
-            "--jobs",
-            "2",
-            "--out",
-            str(out),
-            "--results-md",
-            str(md),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_benchmark("run.py", "--suite", "smoke", "--seeds", "2", "--jobs", "2", out=out, md=md)
     png = out / "PushCubeRL.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     data = json.loads((out / "runs.json").read_text())
@@ -394,30 +384,8 @@ def test_async_benchmark_end_to_end(tmp_path):
     """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"
     extra = "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --num-eval-envs 8 --num-eval-episodes 8"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "async_speed.py"),
-            "--latencies",
-            "2",
-            "--seeds",
-            "1",
-            "--total-timesteps",
-            "2048",
-            "--hidden-sizes",
-            "16",
-            "16",
-            f"--extra={extra}",
-            "--out",
-            str(out),
-            "--results-md",
-            str(md),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    flags = ["--latencies", "2", "--seeds", "1", "--total-timesteps", "2048", "--hidden-sizes", "16", "16"]
+    run_benchmark("async_speed.py", *flags, f"--extra={extra}", out=out, md=md)
     data = json.loads((out / "async.json").read_text())
     assert [(r["mode"], r["latency_ms"]) for r in data["runs"]] == [("sync", 2.0), ("async", 2.0)]
     assert all(r["global_step"] == 2048 and r["wall_time_s"] > 4 * 8 * 0.002 for r in data["runs"])

@@ -12,38 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied import ppo_continuous
+from tests.checks import exits_in_one_line
+from tests.trainer_args import ONE_OF_EACH_KIND, TWO_SAVED_ITERATIONS, tiny_args, trainers
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
-TINY = dict(
-    num_envs=4,
-    num_steps=5,
-    num_minibatches=2,
-    update_epochs=1,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(8, 8),
-    cuda=False,
-    eval_freq=0,
-    save_freq=1,
-    total_timesteps=2 * 20,
-)
+SCRIPTS = trainers(ONE_OF_EACH_KIND)
 
 
 def tiny(name: str, tmp_path: Path, **overrides):
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TINY, **extra, **overrides}
-    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
-
-
-def one_line_error(call) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
+    return tiny_args(name, tmp_path, TWO_SAVED_ITERATIONS, **overrides)
 
 
 # The env a checkpoint was made for: recorded, checked on --resume and --eval-checkpoint.
@@ -78,7 +55,7 @@ def test_another_observation_or_action_meaning_is_refused(tmp_path, name, option
     other = json.dumps({option: here})
     for flag_name, kwargs_flag in (("resume", "env_kwargs"), ("eval_checkpoint", "eval_env_kwargs")):
         args = tiny(name, tmp_path / flag_name, **{flag_name: str(path), "env_kwargs": other, "eval_env_kwargs": other})
-        message = one_line_error(lambda args=args: SCRIPTS[name].main(args))
+        message = exits_in_one_line(lambda args=args: SCRIPTS[name].main(args))
         expected = f"--{flag_name.replace('_', '-')} {path}: its env had {option}={trained!r} (--env-kwargs), this "
         assert message.startswith(f"error: {expected}"), message
         assert f"--{kwargs_flag.replace('_', '-')} give {option}={here!r}" in message, message
@@ -110,11 +87,11 @@ def test_gymnasium_options_must_match_unless_known_to_be_harmless(tmp_path):
     training envs' options, so here both have g=9)."""
     common = dict(env_id="Pendulum-v1", env_kwargs='{"g": 9.0}')
     path, _ = first_checkpoint("ppo_continuous", tmp_path, **common)
-    message = one_line_error(
+    message = exits_in_one_line(
         lambda: ppo_continuous.main(tiny("ppo_continuous", tmp_path / "b", resume=str(path), env_id="Pendulum-v1"))
     )
     assert "its env had g=9.0 (--env-kwargs), this run's --env-kwargs give g=10.0" in message, message
-    message = one_line_error(
+    message = exits_in_one_line(
         lambda: ppo_continuous.main(
             tiny(
                 "ppo_continuous",
@@ -158,7 +135,7 @@ def test_another_observation_layout_is_refused(tmp_path, name):
     )
     ckpt["env"]["observation"]["leaves"][0][0] = "goal/target"
     torch.save(ckpt, tmp_path / "edited.pt")
-    message = one_line_error(
+    message = exits_in_one_line(
         lambda: SCRIPTS[name].main(
             tiny(
                 name,
@@ -192,7 +169,7 @@ def test_checkpoints_of_the_previous_code_still_resume_and_evaluate(tmp_path, na
     assert ckpt["iteration"] == 2 and ckpt["env"]["env_id"] == "PushCubeRL"
     evaluated = module.main(module.Args(output_dir=str(tmp_path / "eval"), eval_checkpoint=str(path), **kwargs))
     assert evaluated["global_step"] == 20 and evaluated["eval"]["episodic_length"] > 0
-    message = one_line_error(  # and a changed meaning is refused for them too
+    message = exits_in_one_line(  # and a changed meaning is refused for them too
         lambda: module.main(
             module.Args(
                 output_dir=str(tmp_path / "x"),

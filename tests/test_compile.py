@@ -29,6 +29,7 @@ from cleanrl_embodied import (
     shared,
 )
 from cleanrl_embodied.shared.compilation import compile_choice, compiler
+from tests.trainer_args import FOUR_ENVS, is_vla, tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async}
@@ -82,7 +83,7 @@ def test_compiled_and_eager_updates_agree_on_the_same_minibatch(name):
     module = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla}[name]
     obs_space = gym.spaces.Box(-np.inf, np.inf, (11,), np.float32)
     act_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    vla = "hidden_sizes" not in module.Args.__dataclass_fields__  # a VLA trainer: the policy is toy_policies' ToyVLA
+    vla = is_vla(module)  # a VLA trainer: the policy is toy_policies' ToyVLA
     args = module.Args(max_grad_norm=0.5) if vla else module.Args(hidden_sizes=(32, 32), max_grad_norm=0.5)
     torch.manual_seed(0)
     make = partial(ToyVLA, hidden=32) if vla else module.Agent if hasattr(module, "Agent") else module.Actor
@@ -109,6 +110,12 @@ def test_the_compiler_compiles_only_when_enabled():
     assert said == []
 
 
+# 3 iterations of 2 epochs x 2 minibatches: 12 planned updates (toy_policies' ToyVLA for a VLA trainer)
+THREE_ITERATIONS = dict(
+    FOUR_ENVS, num_steps=4, update_epochs=2, total_timesteps=3 * 16, eval_freq=0, save_freq=0, hidden_sizes=(8,)
+)
+
+
 @pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo_vla", "ppo_recurrent"])
 @pytest.mark.parametrize(
     "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
@@ -117,17 +124,10 @@ def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name,
     """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
     2 epochs x 2 minibatches = 12); on always, off never."""
     module, asked = {**PPO, "grpo_vla": grpo_vla, "ppo_recurrent": ppo_recurrent}[name], []
-    vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module is grpo_vla else {})}
     assert module.COMPILE_PAYS_AFTER == 10_000
     monkeypatch.setattr(module, "COMPILE_PAYS_AFTER", pays_after)
     monkeypatch.setattr(module.shared, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
-    module.main(
-        module.Args(
-            num_envs=4, num_steps=4, num_minibatches=2, update_epochs=2, total_timesteps=3 * 16, eval_freq=0,
-            save_freq=0, num_eval_envs=2, num_eval_episodes=2, cuda=False, compile=setting, output_dir=str(tmp_path),
-            **(vla if "hidden_sizes" not in module.Args.__dataclass_fields__ else {"hidden_sizes": (8,)}),
-        )
-    )  # fmt: skip
+    module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile=setting))
     assert asked == [enabled]
 
 
@@ -159,16 +159,7 @@ def test_every_trainer_asks_the_shared_decision_with_its_device_and_planned_upda
     module, asked = TRAINERS[name], []
     real = shared.compile_choice
     monkeypatch.setattr(module.shared, "compile_choice", lambda *a, **kw: asked.append((a, kw)) or real(*a, **kw))
-    vla = {"policy": "toy_policies:ToyVLA", **({"group_size": 2} if module in (grpo_vla, grpo) else {})}
-    classic = "hidden_sizes" in module.Args.__dataclass_fields__
-    extra = {"hidden_sizes": (8,), **({"group_size": 2} if module is grpo else {})} if classic else vla
-    module.main(
-        module.Args(
-            num_envs=4, num_steps=4, num_minibatches=2, update_epochs=2, total_timesteps=3 * 16, eval_freq=0,
-            save_freq=0, num_eval_envs=2, num_eval_episodes=2, cuda=False, compile="auto", output_dir=str(tmp_path),
-            **extra,
-        )
-    )  # fmt: skip
+    module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile="auto"))
     assert len(asked) == 1
     (setting, device_type, updates, pays_after, *cudagraphs), kwargs = asked[0]
     assert (setting, device_type, pays_after) == ("auto", "cpu", module.COMPILE_PAYS_AFTER) and updates > 0

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cleanrl_embodied import export, ppo_continuous, shared
+from tests.checks import exits_in_one_line
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "copy-and-modify.md"
@@ -71,14 +72,6 @@ def load_module(path: Path):
     return module
 
 
-def one_line(call) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
-
-
 def original_args(tmp_path: Path, **overrides) -> ppo_continuous.Args:
     tiny = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=1, num_eval_envs=2, num_eval_episodes=2,
                 eval_freq=0, save_freq=0, cuda=False, compile="off", total_timesteps=160,
@@ -114,7 +107,7 @@ def test_an_auxiliary_loss_changes_the_network_and_exports_its_own_actor(tmp_pat
     assert summary["train"]["losses/aux_loss"] > 0 and any(k.startswith("reward_head.") for k in ckpt["model"])
     checkpoint = str(run_dir / "checkpoints" / "last.pt")
 
-    message = one_line(lambda: ppo_continuous.main(original_args(tmp_path / "o", eval_checkpoint=checkpoint)))
+    message = exits_in_one_line(lambda: ppo_continuous.main(original_args(tmp_path / "o", eval_checkpoint=checkpoint)))
     assert str(copy.resolve()) in message and str(Path(ppo_continuous.__file__).resolve()) in message
     assert "Agent (changed)" in message
 
@@ -153,7 +146,7 @@ def test_another_return_estimator_keeps_the_network_so_the_original_evaluates_it
     theirs = json.loads((run_dir / "summary.json").read_text())["eval"]
     evaluated = ppo_continuous.main(original_args(tmp_path / "o", eval_checkpoint=checkpoint))
     assert evaluated["eval"] == theirs
-    message = one_line(lambda: ppo_continuous.main(original_args(tmp_path / "r", resume=checkpoint)))
+    message = exits_in_one_line(lambda: ppo_continuous.main(original_args(tmp_path / "r", resume=checkpoint)))
     assert message.startswith("error: --resume") and str(copy.resolve()) in message
 
 

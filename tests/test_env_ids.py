@@ -20,6 +20,7 @@ import torch
 from cleanrl_embodied import ppo_continuous as ppo
 from cleanrl_embodied.shared import check_env_id, make_env
 from cleanrl_embodied.shared.envs import maniskill_backend, resolve_env_id
+from tests.trainer_args import FOUR_ENVS, tiny_args
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
 REPO = Path(__file__).resolve().parents[1]
@@ -125,16 +126,7 @@ def test_a_module_in_the_current_directory_is_found(tmp_path, monkeypatch, clean
 def test_ppo_continuous_trains_on_a_module_env_id(tmp_path):
     """One short real run through main(Args(env_id="module:EnvId")): dir name, summary, success, checkpoint."""
     common = dict(
-        env_id=TEST_ENV,
-        num_envs=4,
-        num_steps=25,
-        num_minibatches=2,
-        update_epochs=2,
-        num_eval_envs=2,
-        num_eval_episodes=2,
-        hidden_sizes=(16, 16),
-        cuda=False,
-        output_dir=str(tmp_path),
+        FOUR_ENVS, env_id=TEST_ENV, num_steps=25, update_epochs=2, hidden_sizes=(16, 16), output_dir=str(tmp_path)
     )
     out = ppo.main(ppo.Args(**common, total_timesteps=300))
     run_dir = Path(out["run_dir"])
@@ -155,20 +147,9 @@ def test_grpo_trains_on_a_module_env_id(tmp_path):
     from cleanrl_embodied import grpo
 
     out = grpo.main(
-        grpo.Args(
-            env_id=TEST_ENV,
-            num_envs=4,
-            group_size=2,
-            total_timesteps=4 * 50 * 2,
-            num_minibatches=2,
-            update_epochs=1,
-            num_eval_envs=2,
-            num_eval_episodes=2,
-            hidden_sizes=(16, 16),
-            output_dir=str(tmp_path),
-            cuda=False,
-        )
-    )
+        tiny_args(grpo, tmp_path, FOUR_ENVS, env_id=TEST_ENV, total_timesteps=4 * 50 * 2, update_epochs=1,
+                  hidden_sizes=(16, 16))
+    )  # fmt: skip
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["env_id"] == TEST_ENV and summary["global_step"] == 400
     assert Path(out["run_dir"]).name.startswith("PointReach-v0__")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cleanrl_embodied.shared import make_env
+from tests.trainer_args import TWO_ENVS, tiny_args
 
 pytestmark = [
     pytest.mark.skipif(
@@ -172,22 +173,9 @@ def test_ppo_smoke_run_with_envpool(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
     out = ppo.main(
-        ppo.Args(
-            env_id="HalfCheetah-v5",
-            env_vectorization="envpool",
-            num_envs=2,
-            num_steps=32,
-            total_timesteps=128,
-            num_minibatches=2,
-            update_epochs=1,
-            hidden_sizes=(16, 16),
-            num_eval_envs=1,
-            num_eval_episodes=1,
-            eval_env_kwargs='{"max_episode_steps": 20}',
-            output_dir=str(tmp_path),
-            cuda=False,
-        )
-    )
+        tiny_args(ppo, tmp_path, TWO_ENVS, env_id="HalfCheetah-v5", env_vectorization="envpool", num_steps=32,
+                  total_timesteps=128, num_minibatches=2, update_epochs=1, eval_env_kwargs='{"max_episode_steps": 20}')
+    )  # fmt: skip
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 128 and summary["eval"]["episodic_length"] == 20
     assert math.isfinite(summary["eval"]["episodic_return"])

@@ -16,6 +16,7 @@ from cleanrl_embodied.shared.builders import EnvOptions, build_env
 from cleanrl_embodied.shared.envs import RANDOMIZATION_KWARGS
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv
 from cleanrl_embodied.shared.envs.wrappers import IntervalRandomization
+from tests.trainer_args import FOUR_ENVS
 
 RANDOMIZED = {
     "push_friction_range": [0.5, 1.5],
@@ -103,19 +104,7 @@ def test_an_env_the_trainers_cannot_serve_is_blamed_on_the_env_id_when_no_kwargs
         assert message.startswith("error: --env-id CartPole-v1: ") and "Discrete" in message, message
 
 
-TINY = dict(
-    num_envs=4,
-    num_steps=8,
-    num_minibatches=2,
-    update_epochs=1,
-    total_timesteps=32,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(16,),
-    cuda=False,
-    eval_freq=0,
-    save_freq=0,
-)
+TINY = dict(FOUR_ENVS, num_steps=8, update_epochs=1, total_timesteps=32, hidden_sizes=(16,), eval_freq=0, save_freq=0)
 
 
 @pytest.mark.parametrize("module", [ppo, ppo_ddp, grpo], ids=lambda m: m.__name__.split(".")[-1])

@@ -4,34 +4,21 @@ training (its own random streams, the frozen observation normalizer)."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 import torch
 import toy_policies
 
+from tests.trainer_args import FOUR_ENVS, tiny_args, trainer
+
 TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"]
-TINY = dict(
-    num_envs=4,
-    num_steps=2,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(16,),
-    cuda=False,
-)
+TINY = dict(FOUR_ENVS, num_steps=2, update_epochs=2, hidden_sizes=(16,))
 BATCH = 4 * 2
 
 
 def args_for(name: str, tmp_path: Path, **overrides):
-    module = importlib.import_module(f"cleanrl_embodied.{name}")
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TINY, **extra, **overrides}
-    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the policy is toy_policies' ToyVLA
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return module, module.Args(output_dir=str(tmp_path), **config)
+    return trainer(name), tiny_args(name, tmp_path, TINY, **overrides)
 
 
 def checkpoints(out: dict) -> Path:
@@ -73,7 +60,7 @@ def test_evaluating_every_iteration_changes_nothing_about_training(tmp_path, nam
     with the same weights, bit for bit, as one that never evaluates before the end: evaluations draw from their
     own random streams and leave the observation normalizer (--norm-obs, part of the weights) as it was."""
     common = dict(total_timesteps=4 * 8 * 10, num_envs=8, num_steps=10, eval_deterministic=False, save_freq=0)
-    normalizes = "norm_obs" in importlib.import_module(f"cleanrl_embodied.{name}").Args.__dataclass_fields__
+    normalizes = "norm_obs" in trainer(name).Args.__dataclass_fields__
     if normalizes:  # (grpo and the VLA trainers have no normalizer)
         common.update(norm_obs=True, norm_reward=True)
     runs = {}

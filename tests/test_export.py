@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from cleanrl_embodied import export, grpo, ppo_continuous, ppo_ddp, ppo_vla, shared
+from tests.checks import one_line_exit
 
 TINY = dict(
     num_envs=8, num_steps=10, num_minibatches=2, update_epochs=1, num_eval_envs=2, num_eval_episodes=2,
@@ -27,14 +28,10 @@ TINY = dict(
 )  # fmt: skip
 PIXELS = json.dumps({"obs_mode": "state+rgb", "image_size": 32})
 LANGUAGE = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32})  # PushCubeLangRL: image, state, instruction
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:FutureWarning")  # TorchScript is deprecated, still here
-
-
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    torch.set_num_threads(1)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.:FutureWarning"),  # TorchScript is deprecated, still here
+    pytest.mark.usefixtures("offline_hub"),  # tests/conftest.py
+]
 
 
 def onnxruntime():
@@ -79,12 +76,6 @@ def checkpoints(tmp_path_factory):
 
 def run_export(checkpoint: str, out: Path, **overrides) -> dict:
     return export.main(export.Args(checkpoint=checkpoint, out=str(out), **overrides))
-
-
-def one_line_exit(excinfo) -> str:
-    message = str(excinfo.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 def trainer_policy(checkpoint: str):

@@ -24,17 +24,12 @@ from cleanrl_embodied.shared.envs import (
 from cleanrl_embodied.shared.envs.chunks import step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.envs.wrappers import FrameStack
 from cleanrl_embodied.shared.observations import sorted_leaf_keys
+from tests.checks import one_line, steps_without_a_host_sync
 from tests.envs_for_tests import random_actions
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 POINT = "tests.envs_for_tests:PointReach-v0"
-
-
-def one_line(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message, message
-    return message
 
 
 def stacked(frames: list):
@@ -271,14 +266,6 @@ def test_a_resumed_run_with_a_frame_stack_is_bit_identical_to_a_straight_one(tmp
 @pytest.mark.parametrize("kwargs", [{}, {"obs_mode": "proprio+rgb", "image_size": 16}])
 def test_frame_stack_steps_without_a_host_sync_on_a_gpu(kwargs):
     env = make_env("PushCubeRL", num_envs=64, device="cuda", seed=0, frame_stack=4, max_episode_steps=3, **kwargs)
-    env.reset(seed=0)
-    actions = 2 * torch.rand(6, 64, 7, device="cuda") - 1
-    env.step(actions[0])  # (first calls may set things up)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for action in actions[1:]:
-            obs, *_, info = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    obs, *_, info = steps_without_a_host_sync(env)
     stack = obs if isinstance(obs, torch.Tensor) else obs["state"]
     assert stack.device.type == "cuda" and info["final_obs"] is not None

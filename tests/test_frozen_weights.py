@@ -12,22 +12,23 @@ import torch
 
 from cleanrl_embodied import grpo, grpo_vla, ppo_vla, ppo_vla_async, ppo_vla_ddp
 from cleanrl_embodied.shared.model_state import frozen_fingerprint, model_state
+from tests.trainer_args import FOUR_ENVS, tiny_args
 
 SCRIPTS = {"ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp, "ppo_vla_async": ppo_vla_async, "grpo_vla": grpo_vla,
            "grpo": grpo}  # fmt: skip
 WIDTH = 128  # the toy frozen backbone: WIDTH x WIDTH weights and WIDTH biases, never trained
 
 
+# 4 iterations, a checkpoint after the 2nd and 4th; toy_policies' frozen_backbone (its hidden_sizes: grpo's built-in
+# actor's size, which the VLA trainers do not have)
+FOUR_ITERATIONS = dict(
+    FOUR_ENVS, env_id="PushCubeRL", seed=1, num_steps=4, update_epochs=1, total_timesteps=4 * 4 * 4, eval_freq=0,
+    save_freq=2, hidden_sizes=(16,), policy="toy_policies:frozen_backbone", policy_kwargs=json.dumps({"width": WIDTH}),
+)  # fmt: skip
+
+
 def tiny(name: str, out: Path, **kw):
-    extra = {"group_size": 2} if name.startswith("grpo") else {}
-    extra.update({"hidden_sizes": (16,)} if name == "grpo" else {})  # (the VLA trainers': toy_policies.ToyVLA)
-    common = dict(
-        env_id="PushCubeRL", seed=1, num_envs=4, num_steps=4, num_minibatches=2, update_epochs=1,
-        total_timesteps=4 * 4 * 4, eval_freq=0, save_freq=2, num_eval_envs=2, num_eval_episodes=2,
-        output_dir=str(out), cuda=False, policy="toy_policies:frozen_backbone",
-        policy_kwargs=json.dumps({"width": WIDTH}),
-    )  # fmt: skip
-    return SCRIPTS[name].Args(**{**common, **extra, **kw})
+    return tiny_args(name, out, FOUR_ITERATIONS, **kw)
 
 
 def run(name: str, out: Path, **kw) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import toy_policies
-from grpo_test_helpers import tiny_actor
+from grpo_test_helpers import PUSH_CUBE_GROUPS, tiny_actor
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
@@ -28,13 +28,11 @@ from cleanrl_embodied.grpo import (
     returns_to_go,
 )
 from cleanrl_embodied.shared import make_env
+from tests import trainer_args
+from tests.checks import compiled_grads_match, micro_batch_runs, one_line_exit, pieces_train_like_whole
 from tests.envs_for_tests import spaces
 
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,29 +69,8 @@ for _id, _kwargs in (
 
 
 def tiny_args(tmp_path: Path, **overrides) -> Args:
-    base = dict(
-        env_id="PushCubeRL",
-        num_envs=8,
-        group_size=4,
-        total_timesteps=8 * 50 * 3,
-        num_minibatches=2,
-        update_epochs=2,
-        eval_freq=2,
-        save_freq=2,
-        num_eval_envs=4,
-        num_eval_episodes=4,
-        hidden_sizes=(32, 32),
-        output_dir=str(tmp_path),
-        cuda=False,
-    )
-    base.update(overrides)
-    return Args(**base)
-
-
-def one_line_exit(excinfo) -> str:
-    msg = str(excinfo.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
+    sizes = dict(PUSH_CUBE_GROUPS, total_timesteps=8 * 50 * 3, eval_freq=2, save_freq=2)
+    return trainer_args.tiny_args(grpo, tmp_path, sizes, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,14 +461,7 @@ def test_compiled_functions_agree_with_eager():
         batch_size=[40],
     )
     args = Args(kl_coef=0.3, ent_coef=0.01)
-    grads = []
-    for loss_fn in (grpo.grpo_loss, torch.compile(grpo.grpo_loss)):
-        actor.zero_grad()
-        loss, _ = loss_fn(actor, mb, args)
-        loss.backward()
-        grads.append([p.grad.clone() for p in actor.parameters()])
-    for e, c in zip(*grads):
-        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
+    compiled_grads_match(grpo.grpo_loss, actor, mb, args)
 
 
 @pytest.mark.parametrize(
@@ -679,15 +649,12 @@ def test_grpo_vla_micro_batches_give_the_unsplit_update(tmp_path):
     another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: grpo_vla.py's
     rollout also acts in pieces, which would draw other samples from the same random stream."""
     models = []
-    for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+    for name, kw in micro_batch_runs():
         common = dict(num_envs=4, group_size=2, num_minibatches=1, total_timesteps=4 * 4 * 2, update_epochs=4)
         summary = vla_train(vla_args(tmp_path / name, target_kl=None, **common, **kw))
         assert summary["train"]["charts/skipped_updates"] == 0
         models.append(torch.load(Path(summary["checkpoint"]), weights_only=True)["model"])
-    whole, pieces, other = models
-    for key, value in whole.items():
-        assert torch.allclose(value.float(), pieces[key].float(), atol=1e-6, rtol=1e-5), key
-    assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
+    pieces_train_like_whole(*models)
 
 
 def test_grpo_vla_bf16_autocast_trains_and_is_recorded(tmp_path):

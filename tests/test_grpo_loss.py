@@ -12,36 +12,19 @@ from pathlib import Path
 import grpo_test_helpers  # noqa: F401 - registers GRPOSuccessToy-v0, provides the --policy factories
 import pytest
 import torch
-from grpo_test_helpers import tiny_actor
+from grpo_test_helpers import PUSH_CUBE_GROUPS, tiny_actor
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
 from cleanrl_embodied import grpo
+from tests import trainer_args
 
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 def tiny_args(tmp_path: Path, **overrides) -> grpo.Args:
-    base = dict(
-        env_id="PushCubeRL",
-        num_envs=8,
-        group_size=4,
-        total_timesteps=8 * 50 * 2,
-        num_minibatches=2,
-        update_epochs=2,
-        eval_freq=0,
-        save_freq=0,
-        num_eval_envs=4,
-        num_eval_episodes=4,
-        hidden_sizes=(32, 32),
-        output_dir=str(tmp_path),
-        cuda=False,
-    )
-    return grpo.Args(**{**base, **overrides})
+    sizes = dict(PUSH_CUBE_GROUPS, total_timesteps=8 * 50 * 2, eval_freq=0, save_freq=0)
+    return trainer_args.tiny_args(grpo, tmp_path, sizes, **overrides)
 
 
 def read_scalars(run_dir: str) -> dict[str, list[float]]:

@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 import toy_policies
+from grpo_test_helpers import SuccessToy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import grpo_vla
@@ -24,10 +24,7 @@ TINY = dict(
 )  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 def tiny_args(tmp_path, iterations: int = 3, **overrides) -> grpo_vla.Args:
@@ -45,28 +42,17 @@ def scalars(run_dir: str) -> dict[str, list[float]]:
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-class ChunkSuccess(gym.Env):
+class ChunkSuccess(SuccessToy):
     """Every episode succeeds (reward 1, terminated) early: at its 2nd step if the action given there is > 0, else at
     its 3rd; up to 10 steps. `SUCCESS_STEPS` records the step of every success."""
 
     SUCCESS_STEPS: list[int] = []
 
-    def __init__(self):
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-        self._t, self._x = 0, np.zeros(2, np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self._t, self._x = 0, self.np_random.uniform(-1, 1, 2).astype(np.float32)
-        return self._x.copy(), {}
-
-    def step(self, action):
-        self._t += 1
-        success = self._t == 3 or (self._t == 2 and float(action[0]) > 0)
+    def succeeds(self, t: int, action) -> bool:
+        success = t == 3 or super().succeeds(t, action)
         if success:
-            ChunkSuccess.SUCCESS_STEPS.append(self._t)
-        return self._x.copy(), float(success), success, False, {"success": success}
+            ChunkSuccess.SUCCESS_STEPS.append(t)
+        return success
 
 
 if "GRPOVLAChunkSuccess-v0" not in gym.registry:

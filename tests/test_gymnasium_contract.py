@@ -25,12 +25,13 @@ from tensordict import TensorDict
 
 import tests.envs_for_tests  # noqa: F401  (registers PointReach-v0, PointReachDict-v0, PointReachPixels-v0)
 import tests.test_env_wrappers  # noqa: F401  (registers CleanrlEmbodiedDictTest-v0: nested Dict obs, is_success)
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.envs.gymnasium_backend import GymnasiumToTorch, numpy_vector_to_torch
 from cleanrl_embodied.shared.envs.numpy_to_torch import INFO_KEYS
 from cleanrl_embodied.shared.envs.render import SafeRender
 from cleanrl_embodied.shared.evaluation import evaluate
+from tests.trainer_args import TWO_SAVED_ITERATIONS, tiny_args
 
 INFO_ENV_ID = "CleanrlEmbodiedInfoTest-v0"
 
@@ -285,30 +286,6 @@ def test_channels_last_images_of_a_gymnasium_env_come_channels_first():
         )
 
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
-TINY = dict(
-    num_envs=4,
-    num_steps=5,
-    num_minibatches=2,
-    update_epochs=1,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(8, 8),
-    cuda=False,
-    eval_freq=0,
-    save_freq=1,
-    total_timesteps=2 * 20,
-)
-
-
-def tiny(name: str, tmp_path: Path, **overrides):
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TINY, **extra, **overrides}
-    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
-
-
 # At an episode end, info["rewards"] and info["metrics"] describe the last step, not the reset that follows it.
 TERMS_ENV_ID = "CleanrlEmbodiedTermsTest-v0"
 
@@ -353,7 +330,8 @@ def test_gymnasium_rewards_and_metrics_at_episode_ends_come_from_the_last_step(v
 
 
 def test_a_trainer_logs_the_terms_of_a_gymnasium_id_without_masks(tmp_path):
-    out = ppo_continuous.main(tiny("ppo_continuous", tmp_path, env_id=f"tests.test_gymnasium_contract:{TERMS_ENV_ID}"))
+    env_id = f"tests.test_gymnasium_contract:{TERMS_ENV_ID}"
+    out = ppo_continuous.main(tiny_args(ppo_continuous, tmp_path, TWO_SAVED_ITERATIONS, env_id=env_id))
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["train"]["rewards/a"] == 1.0 and "rewards/_a" not in summary["train"]
     assert summary["eval"]["m"] == 7.0

@@ -44,21 +44,15 @@ from examples.hf_vla import (
     make_policy,
     tiny_paligemma,
 )
+from tests.checks import one_line_exit
+from tests.hf_vla_policies import outputs, policy_flags, train_steps
 
 SIZE = 32  # 2x2 patches of 16 pixels: the smallest images, for speed
 ENV_KWARGS = {"obs_mode": "rgb", "image_size": SIZE, "action_mode": "ee_delta_pos"}
 INSTRUCTIONS = [text for _, text in TASKS.values()]
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # building must never reach a model hub
-    torch.set_num_threads(1)
-
-
-def flags(head: str = "bins", bins: int = 16, chunk: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(action_head=head, action_bins=bins, action_chunk=chunk, norm_obs=False)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/conftest.py
 
 
 class Chunked:
@@ -82,39 +76,12 @@ def lang_env(num_envs: int = 6, chunk: int = 1, **kw):
 
 def build(env, head: str = "bins", bins: int = 16, **kwargs) -> HFVLAPolicy:
     chunk = env.single_action_space.shape[0] if len(env.single_action_space.shape) == 2 else 1
-    return make_policy(env.single_observation_space, env.single_action_space, flags(head, bins, chunk), **kwargs)
+    return make_policy(env.single_observation_space, env.single_action_space, policy_flags(head, bins, chunk), **kwargs)
 
 
 def first_obs(env, seed: int = 0) -> TensorDict:
     obs, _ = env.reset(seed=seed)
     return obs
-
-
-def train_steps(policy: HFVLAPolicy, obs: TensorDict, steps: int = 3, lr: float = 1e-2) -> None:
-    """A few Adam steps that move the adapters and heads (toward the zero action, the value toward 0)."""
-    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
-    for _ in range(steps):
-        dist, value = policy(obs)
-        target = torch.full_like(dist.mode, policy.bins // 2) if policy.bins else torch.zeros_like(dist.mode)
-        loss = -dist.log_prob(target).sum() + value.pow(2).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
-def outputs(policy: HFVLAPolicy, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of every bin (or the Gaussian's mean and std) and the values: what a policy's behaviour is."""
-    with torch.no_grad():
-        dist, value = policy(obs)
-    if isinstance(dist, Bins):
-        return dist.logits, value
-    return torch.stack([dist.mean, dist.stddev]), value
-
-
-def one_line_exit(excinfo) -> str:
-    msg = str(excinfo.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
 
 
 # ---- building, tokenizer, prompts -------------------------------------------------------------------------------
@@ -841,5 +808,5 @@ def test_bins_on_an_unbounded_action_space_are_one_line():
     env = lang_env(num_envs=2)
     unbounded = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
     with pytest.raises(SystemExit) as e:
-        make_policy(env.single_observation_space, unbounded, flags("bins", 16))
+        make_policy(env.single_observation_space, unbounded, policy_flags("bins", 16))
     assert "--action-head" in one_line_exit(e) and "bounded" in one_line_exit(e)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,17 +22,15 @@ except ImportError:
 from cleanrl_embodied import grpo_vla
 from cleanrl_embodied.shared.envs import make_env
 from examples.hf_vla import Bins, HFVLAPolicy, make_policy
+from tests.checks import exits_in_one_line
+from tests.hf_vla_policies import policy_flags
 
 SIZE = 32  # 2x2 patches of 16 pixels: 4 image tokens per camera
 ENV_KWARGS = {"obs_mode": "rgb", "image_size": SIZE, "action_mode": "ee_delta_pos"}
 TWO = {**ENV_KWARGS, "obs_cameras": ["top", "wrist"]}
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # building must never reach a model hub
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/conftest.py
 
 
 def env_of(num_envs: int = 3, **kwargs):
@@ -41,7 +38,7 @@ def env_of(num_envs: int = 3, **kwargs):
 
 
 def build(env, head: str = "bins", **kwargs) -> HFVLAPolicy:
-    args = SimpleNamespace(action_head=head, action_bins=16, action_chunk=1, norm_obs=False)
+    args = policy_flags(head)
     return make_policy(env.single_observation_space, env.single_action_space, args, **kwargs)
 
 
@@ -50,14 +47,6 @@ def outputs(policy: HFVLAPolicy, obs) -> torch.Tensor:
         dist, value = policy(obs)
     assert isinstance(dist, Bins)
     return torch.cat((dist.logits.flatten(1), value[:, None]), 1)
-
-
-def one_line_exit(call) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 def test_a_policy_acts_on_two_cameras_and_reads_the_second():
@@ -123,18 +112,18 @@ def test_other_cameras_than_the_checkpoints_are_one_line(tmp_path: Path):
     two, one = env_of(), env_of(obs_cameras=["top"])
     build(two).save_pretrained(tmp_path / "two")
     build(one).save_pretrained(tmp_path / "one")
-    message = one_line_exit(lambda: build(one, model_path=str(tmp_path / "two")))
+    message = exits_in_one_line(lambda: build(one, model_path=str(tmp_path / "two")))
     assert "saved for the cameras ['rgb', 'wrist']" in message and "image entries ['rgb']" in message
-    message = one_line_exit(lambda: build(two, model_path=str(tmp_path / "one")))
+    message = exits_in_one_line(lambda: build(two, model_path=str(tmp_path / "one")))
     assert "saved for the cameras ['rgb']" in message and "['rgb', 'wrist']" in message
     # a VLA saved before it recorded its cameras read "rgb" alone
     config = json.loads((tmp_path / "one" / "vla_config.json").read_text())
     del config["cameras"]
     (tmp_path / "one" / "vla_config.json").write_text(json.dumps(config))
     assert build(one, model_path=str(tmp_path / "one")).config.cameras == ["rgb"]
-    assert "saved for the cameras ['rgb']" in one_line_exit(lambda: build(two, model_path=str(tmp_path / "one")))
+    assert "saved for the cameras ['rgb']" in exits_in_one_line(lambda: build(two, model_path=str(tmp_path / "one")))
     for cameras in (["rgb"], ["rgb", "rgb", "wrist"], "rgb", ["rgb", "side"], [], ["rgb", 1]):
-        message = one_line_exit(lambda cameras=cameras: build(two, cameras=cameras))
+        message = exits_in_one_line(lambda cameras=cameras: build(two, cameras=cameras))
         assert "--policy-kwargs: cameras must" in message
     wrist_only = env_of(obs_cameras=["wrist"])
     assert build(wrist_only).config.cameras == ["wrist"]

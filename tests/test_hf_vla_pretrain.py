@@ -27,6 +27,7 @@ from cleanrl_embodied.shared.envs.push_cube import HELDOUT_INSTRUCTIONS, LANG_TA
 from cleanrl_embodied.shared.language import decode_instructions
 from examples.hf_vla import dagger, demos, fewshot, pretrain
 from examples.hf_vla.factory import make_policy
+from tests.checks import one_line_exit
 
 SIZE = 32  # 2x2 patches: the smallest images, for speed
 TARGET = {**demos.TARGET_ENV, "image_size": SIZE}
@@ -37,10 +38,7 @@ FEWSHOT = dict(k=2, steps=4, save_every=2, batch_size=8, eval_episodes=4, num_ev
                policy_kwargs=json.dumps({"lora_rank": 4}))  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 class StopAtStep:
@@ -62,12 +60,6 @@ class StopAtStep:
     def requested(self) -> bool:
         self.calls += 1
         return self.calls > 2 * (self.step - 1)
-
-
-def one_line(excinfo) -> str:
-    message = str(excinfo.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +160,7 @@ def test_k_demonstrations_per_task_are_the_first_k_of_the_file(demo_file):
     assert torch.equal(again["obs"]["rgb"], samples["obs"]["rgb"])
     with pytest.raises(SystemExit) as e:
         demos.load_demos(str(demo_file), k=4)
-    assert "--k 4" in one_line(e) and "holds 3 demonstrations per task" in str(e.value.code)
+    assert "--k 4" in one_line_exit(e) and "holds 3 demonstrations per task" in str(e.value.code)
 
 
 def test_fewshot_trains_lora_on_the_k_demos_and_resumes_bit_identically(pretrained, demo_file, start, tmp_path,
@@ -229,16 +221,16 @@ def test_bad_input_gets_one_line(pretrained, demo_file, start, tmp_path):
     for kwargs, words in cases:
         with pytest.raises(SystemExit) as e:
             fewshot.main(fewshot.Args(out=str(tmp_path / "x"), **kwargs))
-        assert words in one_line(e), (kwargs, e.value.code)
+        assert words in one_line_exit(e), (kwargs, e.value.code)
     with pytest.raises(SystemExit) as e:
         pretrain.main(pretrain.Args(out=str(tmp_path / "p"), tasks=("forward", "forward_right")))
-    assert "--heldout-tasks forward_right: also in --tasks" in one_line(e)
+    assert "--heldout-tasks forward_right: also in --tasks" in one_line_exit(e)
     with pytest.raises(SystemExit) as e:
         pretrain.main(pretrain.Args(out=str(tmp_path / "p"), layouts=("proprio",)))
-    assert "--layouts proprio" in one_line(e)
+    assert "--layouts proprio" in one_line_exit(e)
     with pytest.raises(SystemExit) as e:
         dagger.main(dagger.Args(model_path=str(pretrained / "proprio_rgb"), out=str(tmp_path / "d")))
-    assert "no bc_eval.json or fewshot.json" in one_line(e)
+    assert "no bc_eval.json or fewshot.json" in one_line_exit(e)
 
 
 def test_view_tasks_give_every_task_set_the_same_window():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +26,9 @@ from transformers import Idefics3ForConditionalGeneration, SmolVLMForConditional
 
 from cleanrl_embodied import ppo_vla
 from cleanrl_embodied.shared.envs import make_env
-from examples.hf_vla import Bins, build_tokenizer, default_corpus, make_policy, tiny_smolvlm
+from examples.hf_vla import build_tokenizer, default_corpus, make_policy, tiny_smolvlm
+from tests.checks import one_line_exit
+from tests.hf_vla_policies import outputs, policy_flags, train_steps
 
 SIZE = 32  # 4x4 patches of 8 pixels, shuffled 2x2 into 4 image tokens
 ENV_KWARGS = {"obs_mode": "state+rgb", "image_size": SIZE, "action_mode": "ee_delta_pos"}
@@ -35,11 +36,7 @@ SMOL = {"model_type": "smolvlm", "lora_rank": 4}
 MARKERS = ["<fake_token_around_image>", "<global-img>"]
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # building must never reach a model hub
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/conftest.py
 
 
 def lang_env(num_envs: int = 4, **kw):
@@ -47,43 +44,18 @@ def lang_env(num_envs: int = 4, **kw):
 
 
 def build(env, head: str = "bins", bins: int = 16, **kwargs):
-    flags = SimpleNamespace(action_head=head, action_bins=bins, action_chunk=1, norm_obs=False)
+    flags = policy_flags(head, bins)
     return make_policy(env.single_observation_space, env.single_action_space, flags, **{**SMOL, **kwargs})
 
 
 def load(env, head: str, path: Path, **kwargs):
     """The directory fixes the family: no model_type."""
-    flags = SimpleNamespace(action_head=head, action_bins=16, action_chunk=1, norm_obs=False)
+    flags = policy_flags(head)
     return make_policy(env.single_observation_space, env.single_action_space, flags, model_path=str(path), **kwargs)
 
 
 def first_obs(env):
     return env.reset(seed=0)[0]
-
-
-def outputs(policy, obs):
-    with torch.no_grad():
-        dist, value = policy(obs)
-    if isinstance(dist, Bins):
-        return dist.logits, value
-    return torch.stack([dist.mean, dist.stddev]), value
-
-
-def train_steps(policy, obs, steps: int = 3):
-    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(steps):
-        dist, value = policy(obs)
-        target = torch.full_like(dist.mode, policy.bins // 2) if policy.bins else torch.zeros_like(dist.mode)
-        loss = -dist.log_prob(target).sum() + value.pow(2).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
-def one_line_exit(excinfo) -> str:
-    msg = str(excinfo.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
 
 
 # ---- building and acting ------------------------------------------------------------------------------------------
@@ -229,7 +201,7 @@ def test_loads_a_plain_smolvlm_checkpoint_with_the_familys_conventions(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"resample": 1, "image_mean": [0.5] * 3}))
     env = lang_env(num_envs=2)
-    flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1, norm_obs=False)
+    flags = policy_flags()
     space = (env.single_observation_space, env.single_action_space)
     with pytest.raises(SystemExit) as e:
         make_policy(*space, flags, model_path=str(tmp_path))
@@ -271,7 +243,7 @@ def test_an_unsupported_family_and_bad_smolvlm_kwargs_are_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         build(env, model_type="paligemma", model_path=str(tmp_path / "llava"))
     assert "model_type" in one_line_exit(e)  # a directory fixes the family
-    flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1, norm_obs=False)
+    flags = policy_flags()
     with pytest.raises(SystemExit) as e:
         make_policy(env.single_observation_space, env.single_action_space, flags, model_path=str(tmp_path / "llava"))
     msg = one_line_exit(e)

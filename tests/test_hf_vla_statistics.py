@@ -10,7 +10,6 @@ actions and for the state."""
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ except ImportError:
 from cleanrl_embodied.shared.envs import make_env
 from examples.hf_vla import make_policy
 from examples.hf_vla.statistics import DatasetStatistics, Normalizer
+from tests.hf_vla_policies import policy_flags
 
 ENV_KWARGS = {"obs_mode": "state+rgb", "image_size": 32, "action_mode": "ee_delta_pos"}
 C = 0.25  # the flat dimension's statistic
@@ -41,11 +41,7 @@ LAYOUTS = {  # normalization -> the statistics of 3 dimensions: [-1, 3] spread, 
 }
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/conftest.py
 
 
 def normaliser(normalization: str, dim: int = 3) -> Normalizer:
@@ -56,7 +52,7 @@ def normaliser(normalization: str, dim: int = 3) -> Normalizer:
 
 def build(head: str, statistics: DatasetStatistics | None = None, **kwargs):
     env = make_env("PushCubeLangRL", num_envs=2, seed=0, **ENV_KWARGS)
-    args = SimpleNamespace(action_head=head, action_bins=8, action_chunk=1, norm_obs=False)
+    args = policy_flags(head, bins=8)
     policy = make_policy(env.single_observation_space, env.single_action_space, args, **kwargs)
     if statistics is not None:
         policy.set_statistics(statistics)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer_args import FOUR_ENVS, tiny_args
+
 try:
     import peft  # noqa: F401
     import transformers  # noqa: F401
@@ -31,15 +33,16 @@ ENV = {"obs_mode": "state+rgb", "image_size": 32, "action_mode": "ee_delta_pos"}
 POLICY = {"lora_rank": 4, "head_hidden": 16}
 
 
+# 2 iterations, a checkpoint after each (grpo_vla in groups of 2)
+TWO_ITERATIONS = dict(
+    FOUR_ENVS, env_id="PushCubeLangRL", env_kwargs=json.dumps(ENV), seed=1, num_steps=4, update_epochs=1,
+    total_timesteps=4 * 4 * 2, eval_freq=0, save_freq=1, policy="examples.hf_vla:make_policy",
+    policy_kwargs=json.dumps(POLICY), action_head="bins", action_bins=8, compile="off",
+)  # fmt: skip
+
+
 def vla_args(name: str, out: Path, **kw):
-    extra = {"group_size": 2} if name == "grpo_vla" else {}
-    common = dict(
-        env_id="PushCubeLangRL", env_kwargs=json.dumps(ENV), seed=1, num_envs=4, num_steps=4, num_minibatches=2,
-        update_epochs=1, total_timesteps=4 * 4 * 2, eval_freq=0, save_freq=1, num_eval_envs=2, num_eval_episodes=2,
-        output_dir=str(out), cuda=False, policy="examples.hf_vla:make_policy", policy_kwargs=json.dumps(POLICY),
-        action_head="bins", action_bins=8, compile="off",
-    )  # fmt: skip
-    return SCRIPTS[name].Args(**{**common, **extra, **kw})
+    return tiny_args(name, out, TWO_ITERATIONS, **kw)
 
 
 def checkpoints(out: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied import grpo
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.envs.push_cube import (
     HELDOUT_INSTRUCTIONS,
@@ -22,9 +22,11 @@ from cleanrl_embodied.shared.envs.push_cube import (
     expert_action,
 )
 from cleanrl_embodied.shared.language import decode_instructions, encode_instructions
+from tests.checks import micro_batch_runs, pieces_train_like_whole
 from tests.instructed_envs import TARGETS
+from tests.trainer_args import ONE_OF_EACH_KIND, tiny_args, trainers
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
+SCRIPTS = trainers(ONE_OF_EACH_KIND)
 
 
 # ---- instructions ----------------------------------------------------------------------------------------------
@@ -161,19 +163,12 @@ def test_a_policy_deaf_to_the_instruction_stays_at_chance():
 
 def _args(script: str, env_id: str, tmp_path: Path, **kw):
     common = dict(
-        env_id=env_id, seed=1, num_envs=8, total_timesteps=8 * 4 * 2, eval_freq=0, save_freq=0, num_eval_envs=2,
-        num_eval_episodes=2, output_dir=str(tmp_path), hidden_sizes=(16,), cuda=False,
+        env_id=env_id, seed=1, num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=8 * 4 * 2, eval_freq=0,
+        save_freq=0, num_eval_envs=2, num_eval_episodes=2, hidden_sizes=(16,), cuda=False,
     )  # fmt: skip
-    if script == "grpo":
-        common.update(group_size=4, num_steps=4, num_minibatches=2, total_timesteps=8 * 4 * 2)
-    else:
-        common.update(num_steps=4, num_minibatches=2)
     if env_id == "Pendulum-v1":
         common["action_bins"] = 16
-    common.update(kw)
-    if "hidden_sizes" not in SCRIPTS[script].Args.__dataclass_fields__:  # a VLA trainer: toy_policies' ToyVLA
-        common = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in common.items() if k != "hidden_sizes"}}
-    return SCRIPTS[script].Args(**common)
+    return tiny_args(script, tmp_path, common, default_group_size=4, **kw)
 
 
 def _train(script: str, args) -> dict:
@@ -212,16 +207,13 @@ def test_micro_batches_give_the_unsplit_update(script, tmp_path):
     another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: the rollout
     also acts in pieces, which would draw other samples from the same random stream."""
     models = []
-    for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+    for name, kw in micro_batch_runs():
         kw.update(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2)
         args = _args(script, "PushCubeLangRL", tmp_path / name, update_epochs=2, target_kl=None, **kw)
         summary = _train(script, args)
         assert summary["train"]["charts/skipped_updates"] == 0
         models.append(torch.load(Path(summary["checkpoint"]), weights_only=True)["model"])
-    whole, pieces, other = models
-    for key, value in whole.items():
-        assert torch.allclose(value.float(), pieces[key].float(), atol=1e-6, rtol=1e-5), key
-    assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
+    pieces_train_like_whole(*models)
 
 
 @pytest.mark.parametrize(  # the VLA trainers' since issue 37: tests/test_grpo.py, tests/test_ppo_vla.py

@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from cleanrl_embodied.shared import check_env_id, make_env
 from cleanrl_embodied.shared.envs import maniskill_backend
+from tests.trainer_args import TWO_ENVS, tiny_args
 
 HAS_MANISKILL = importlib.util.find_spec("mani_skill") is not None
 needs_maniskill = pytest.mark.skipif(not HAS_MANISKILL, reason="needs the maniskill extra: uv sync --extra maniskill")
@@ -376,21 +377,9 @@ def test_ppo_smoke_run_on_real_pushcube(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
     out = ppo.main(
-        ppo.Args(
-            env_id="PushCube-v1",
-            num_envs=2,
-            num_steps=50,
-            total_timesteps=200,
-            num_minibatches=2,
-            update_epochs=1,
-            hidden_sizes=(16, 16),
-            num_eval_envs=1,
-            num_eval_episodes=1,
-            capture_video=True,
-            output_dir=str(tmp_path),
-            cuda=False,
-        )
-    )
+        tiny_args(ppo, tmp_path, TWO_ENVS, env_id="PushCube-v1", num_steps=50, total_timesteps=200, num_minibatches=2,
+                  update_epochs=1, capture_video=True)
+    )  # fmt: skip
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 200 and summary["eval"]["success_rate"] is not None
     assert math.isfinite(summary["eval"]["episodic_return"])

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from cleanrl_embodied.shared import make_env
+from tests.trainer_args import FOUR_ENVS, TWO_ENVS, tiny_args
 
 needs_mujoco = pytest.mark.skipif(
     importlib.util.find_spec("mujoco") is None, reason="needs the mujoco extra: uv sync --extra mujoco"
@@ -226,23 +227,20 @@ def test_ppo_smoke_run_on_halfcheetah(tmp_path):
     from cleanrl_embodied import ppo_continuous as ppo
 
     out = ppo.main(
-        ppo.Args(
+        tiny_args(
+            ppo,
+            tmp_path,
+            TWO_ENVS,
             env_id="HalfCheetah-v5",
-            num_envs=2,
             num_steps=64,
             total_timesteps=2 * 64 * 2,
             num_minibatches=4,
             update_epochs=2,
-            hidden_sizes=(16, 16),
             gamma=0.99,
             norm_obs=True,
             norm_reward=True,
             target_kl=None,
-            num_eval_envs=1,
-            num_eval_episodes=1,
             eval_env_kwargs='{"max_episode_steps": 20}',
-            output_dir=str(tmp_path),
-            cuda=False,
         )
     )
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
@@ -255,23 +253,11 @@ def test_ppo_smoke_run_on_halfcheetah(tmp_path):
 def test_ppo_capture_video_on_inverted_pendulum(tmp_path, can_render):
     from cleanrl_embodied import ppo_continuous as ppo
 
+    eval_env_kwargs = '{"max_episode_steps": 10, "width": 64, "height": 64}'
     out = ppo.main(
-        ppo.Args(
-            env_id="InvertedPendulum-v5",
-            num_envs=2,
-            num_steps=16,
-            total_timesteps=32,
-            num_minibatches=2,
-            update_epochs=1,
-            hidden_sizes=(16, 16),
-            num_eval_envs=1,
-            num_eval_episodes=1,
-            capture_video=True,
-            eval_env_kwargs='{"max_episode_steps": 10, "width": 64, "height": 64}',
-            output_dir=str(tmp_path),
-            cuda=False,
-        )
-    )
+        tiny_args(ppo, tmp_path, TWO_ENVS, env_id="InvertedPendulum-v5", num_steps=16, total_timesteps=32,
+                  num_minibatches=2, update_epochs=1, capture_video=True, eval_env_kwargs=eval_env_kwargs)
+    )  # fmt: skip
     videos = list((Path(out["run_dir"]) / "videos").glob("*.mp4"))
     assert videos and all(v.stat().st_size > 0 for v in videos)
 
@@ -281,22 +267,9 @@ def test_grpo_smoke_run_on_hopper(tmp_path):
     from cleanrl_embodied import grpo
 
     out = grpo.main(
-        grpo.Args(
-            env_id="Hopper-v5",
-            num_envs=4,
-            group_size=2,
-            num_steps=10,
-            total_timesteps=80,
-            num_minibatches=2,
-            update_epochs=1,
-            hidden_sizes=(16, 16),
-            num_eval_envs=2,
-            num_eval_episodes=2,
-            eval_env_kwargs='{"max_episode_steps": 10}',
-            output_dir=str(tmp_path),
-            cuda=False,
-        )
-    )
+        tiny_args(grpo, tmp_path, FOUR_ENVS, env_id="Hopper-v5", group_size=2, num_steps=10, total_timesteps=80,
+                  update_epochs=1, hidden_sizes=(16, 16), eval_env_kwargs='{"max_episode_steps": 10}')
+    )  # fmt: skip
     summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
     assert summary["global_step"] == 2 * 4 * 10  # both iterations of 4 envs x 10 steps
     assert math.isfinite(summary["eval"]["episodic_return"]) and 0 < summary["eval"]["episodic_length"] <= 10

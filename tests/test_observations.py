@@ -18,6 +18,7 @@ from cleanrl_embodied.shared import make_env, rollout_storage
 from cleanrl_embodied.shared.non_finite import NonFiniteWatch
 from cleanrl_embodied.shared.observations import finite_rows, float_dim, float_entries, image_spaces
 from tests import envs_for_tests  # noqa: F401 - registers the PointReach ids
+from tests.trainer_args import TWO_SAVED_ITERATIONS, tiny_args, trainers
 
 PIXELS_ID = "tests.envs_for_tests:PointReachPixels-v0"
 PIXEL_SPACE = gym.spaces.Dict(
@@ -224,25 +225,12 @@ def test_pixel_features_stay_bounded_for_the_tanh_heads():
     assert (features[:, :256].std(0) > 0).float().mean() > 0.9  # and they still differ between images
 
 
-SCRIPTS = {"ppo_continuous": ppo, "ppo_ddp": ppo_ddp}
-PUSH_CUBE_RUN = dict(
-    num_envs=4,
-    num_steps=5,
-    num_minibatches=2,
-    update_epochs=1,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(8, 8),
-    cuda=False,
-    eval_freq=0,
-    save_freq=1,
-    total_timesteps=2 * 20,
-)
+SCRIPTS = trainers(["ppo_continuous", "ppo_ddp"])
 
 
 def push_cube_args(name: str, tmp_path: Path, **overrides):
     """Two iterations of PushCubeRL (the default --env-id)."""
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **{**PUSH_CUBE_RUN, **overrides})
+    return tiny_args(name, tmp_path, TWO_SAVED_ITERATIONS, **overrides)
 
 
 # Images smaller than 36 x 36 pixels work with the built-in pixel encoder.

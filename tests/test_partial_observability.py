@@ -25,6 +25,7 @@ from cleanrl_embodied.shared.envs import (
 from cleanrl_embodied.shared.envs.chunks import step_chunk, supports_partial_reset
 from cleanrl_embodied.shared.envs.push_cube import INTERFACE_KWARGS, PushCubeRLVecEnv
 from cleanrl_embodied.shared.observations import flatten_obs
+from tests.checks import one_line, steps_without_a_host_sync
 from tests.envs_for_tests import random_actions
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -34,12 +35,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 CUBE_COLUMNS = [17, 18, 19, 20, 21, 25, 26, 27, 28, 29, 30]
 NONZERO_AT_RESET = [17, 18, 19, 21, 25, 26, 27, 28, 30]  # (the cube starts unturned: sin 0; the goal lies at +x: dy 0)
 NO_RESETS = dict(terminate_on_success=False, max_episode_steps=100_000)
-
-
-def one_line(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message, message
-    return message
 
 
 # --------------------------------------------------------------------------- obs_indices, obs_keys
@@ -378,13 +373,5 @@ def test_bad_dropout_options_are_one_line(kwargs, says):
 def test_dropout_steps_without_a_host_sync_on_a_gpu(sensor, obs_mode):
     env = PushCubeRLVecEnv(num_envs=64, device="cuda", seed=0, obs_mode=obs_mode, image_size=16,
                            dropout_sensor=sensor, dropout_rate=0.3, max_episode_steps=3)  # fmt: skip
-    env.reset(seed=0)
-    actions = 2 * torch.rand(6, 64, 7, device="cuda") - 1
-    env.step(actions[0])  # (first calls may set things up)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for action in actions[1:]:
-            obs, *_, info = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    *_, info = steps_without_a_host_sync(env)
     assert info["metrics"]["sensor_missing_fraction"].device.type == "cuda"

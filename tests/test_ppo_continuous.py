@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,26 +14,19 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous as ppo
-from tests import envs_for_tests
+from tests import envs_for_tests, trainer_args
+from tests.checks import compiled_grads_match
 from tests.envs_for_tests import spaces
+from tests.subprocesses import ctrl_c_a_long_run, subprocess_env
+from tests.trainer_args import EIGHT_ENVS
 
 SCRIPT = Path(ppo.__file__)
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"  # registered by a test module; its kwargs inject faults
-TINY = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    hidden_sizes=(32, 32),
-    cuda=False,
-)
+TINY = dict(EIGHT_ENVS, total_timesteps=4 * 8 * 10)
 
 
 def tiny_args(tmp_path, **overrides) -> ppo.Args:
-    kwargs = {**TINY, "output_dir": str(tmp_path), "total_timesteps": 4 * 8 * 10, **overrides}
-    return ppo.Args(**kwargs)
+    return trainer_args.tiny_args(ppo, tmp_path, TINY, **overrides)
 
 
 def finite_numbers(obj) -> bool:
@@ -217,14 +207,7 @@ def test_compiled_and_eager_first_update_agree(tmp_path):
         returns=torch.randn(64),
         batch_size=[64],
     )
-    grads = []
-    for loss_fn in (ppo.ppo_loss, torch.compile(ppo.ppo_loss)):
-        agent.zero_grad()
-        loss, stats = loss_fn(agent, batch, args)
-        loss.backward()
-        grads.append([p.grad.clone() for p in agent.parameters()])
-    for eager, compiled in zip(*grads):
-        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    compiled_grads_match(ppo.ppo_loss, agent, batch, args)
     rew, val, nxt = torch.randn(3, 10, 4).unbind(0)
     term, done = torch.rand(10, 4) < 0.1, torch.rand(10, 4) < 0.2
     eager = ppo.compute_gae(rew, val, nxt, term, done | term, 0.9, 0.95)
@@ -256,45 +239,7 @@ def test_compile_flag_trains_and_saves_plain_state_dict(tmp_path):
 
 
 def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--output-dir",
-            str(tmp_path),
-            "--num-envs",
-            "8",
-            "--num-steps",
-            "10",
-            "--num-minibatches",
-            "2",
-            "--total-timesteps",
-            "100000000",
-            "--no-cuda",
-            "--save-freq",
-            "0",
-            "--eval-freq",
-            "0",
-            "--compile",
-            "off",  # (a run this long would compile first; Ctrl-C is what is tested here)
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
-        time.sleep(0.5)
-    time.sleep(3)  # let a few iterations run
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output[-2000:]
-    run_dir = next(tmp_path.glob("PushCubeRL__*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert summary["global_step"] == ckpt["global_step"] > 0
+    summary, _ = ctrl_c_a_long_run(SCRIPT, tmp_path, env=subprocess_env())
     assert summary["checkpoint"].endswith("last.pt")
 
 

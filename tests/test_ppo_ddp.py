@@ -23,17 +23,9 @@ from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied import ppo_ddp as ddp
 from tests.envs_for_tests import spaces
 from tests.torchrun import two_ranks as two_ranks_run
+from tests.trainer_args import EIGHT_ENVS
 
-TINY = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    hidden_sizes=(32, 32),
-    cuda=False,
-)
+TINY = EIGHT_ENVS
 RUN = dict(TINY, total_timesteps=6 * 2 * 80, eval_freq=2, save_freq=3, norm_obs=True, norm_reward=True)
 
 

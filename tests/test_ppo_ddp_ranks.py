@@ -22,20 +22,9 @@ import toy_policies
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_embodied import ppo_ddp as ddp
+from tests.trainer_args import FOUR_ENVS
 
-TINY = dict(
-    num_envs=4,
-    num_steps=6,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(16,),
-    eval_freq=0,
-    save_freq=0,
-    cuda=False,
-    backend="gloo",
-)
+TINY = dict(FOUR_ENVS, num_steps=6, update_epochs=2, hidden_sizes=(16,), eval_freq=0, save_freq=0, backend="gloo")
 ITERATION = 2 * 4 * 6  # env steps of one iteration of both ranks
 
 
@@ -105,16 +94,18 @@ def log(out_dir: Path, rank: int) -> str:
     return (out_dir / f"rank{rank}.log").read_text()
 
 
+def fault_on_rank_1(fault: str, at_call: int | None = None, iterations: int = 3, dist_timeout_s: float = 20, **kw):
+    """TINY (``kw`` on top) for ``iterations`` iterations in which rank 1 alone has ``fault`` (toy_policies:on_rank;
+    from its ``at_call``-th training forward, for the faults that take one)."""
+    fault_kwargs = {"rank": 1, "fault": fault, **({} if at_call is None else {"at_call": at_call})}
+    return dict(TINY, total_timesteps=iterations * ITERATION, dist_timeout_s=dist_timeout_s,
+                policy="toy_policies:on_rank", policy_kwargs=json.dumps(fault_kwargs), **kw)  # fmt: skip
+
+
 @pytest.mark.parametrize("fault", ["exit", "hang"])
 def test_a_dead_or_hung_rank_stops_the_other_with_one_line_within_the_timeout(tmp_path, fault):
     timeout = 5
-    args = dict(
-        TINY,
-        total_timesteps=20 * ITERATION,
-        dist_timeout_s=timeout,
-        policy="toy_policies:on_rank",
-        policy_kwargs=json.dumps({"rank": 1, "fault": fault, "at_call": 3}),
-    )
+    args = fault_on_rank_1(fault, at_call=3, iterations=20, dist_timeout_s=timeout)
     rank0, rank1 = launch(tmp_path, args, wait_s=60, after_rank0_s=1)
     assert rank0 is not None, log(tmp_path, 0)[-2000:]
     message = rank0["message"]
@@ -131,15 +122,7 @@ def test_ranks_agree_to_stop_the_epochs_when_one_rank_alone_sees_a_large_kl(tmp_
     """Rank 1's training forwards see action means shifted by 3 (an approximate KL of several nats there), rank
     0's do not: the KL averaged over ranks exceeds --target-kl 0.5, so both stop after the first epoch of every
     update (rank 0 alone would go on; a rank that did would leave the other waiting in a collective)."""
-    args = dict(
-        TINY,
-        update_epochs=4,
-        total_timesteps=3 * ITERATION,
-        target_kl=0.5,
-        dist_timeout_s=20,
-        policy="toy_policies:on_rank",
-        policy_kwargs='{"rank": 1, "fault": "kl"}',
-    )
+    args = fault_on_rank_1("kl", update_epochs=4, target_kl=0.5)
     results = launch(tmp_path, args)
     assert all(r is not None and r["exit"] == 0 for r in results), [log(tmp_path, r)[-1500:] for r in range(2)]
     assert [r["train_calls"] for r in results] == [3 * TINY["num_minibatches"]] * 2
@@ -148,14 +131,7 @@ def test_ranks_agree_to_stop_the_epochs_when_one_rank_alone_sees_a_large_kl(tmp_
 def test_ranks_skip_the_same_non_finite_step(tmp_path):
     """Rank 1's 2nd training forward gives a NaN loss: both ranks skip that optimizer step (one skip, logged by
     rank 0), go on together and end with the same weights (checked by ppo_ddp itself at the end)."""
-    args = dict(
-        TINY,
-        total_timesteps=3 * ITERATION,
-        target_kl=None,
-        dist_timeout_s=20,
-        policy="toy_policies:on_rank",
-        policy_kwargs='{"rank": 1, "fault": "nan", "at_call": 2}',
-    )
+    args = fault_on_rank_1("nan", at_call=2, target_kl=None)
     results = launch(tmp_path, args)
     assert all(r is not None and r["exit"] == 0 for r in results), [log(tmp_path, r)[-1500:] for r in range(2)]
     per_run = 3 * TINY["update_epochs"] * TINY["num_minibatches"]
@@ -171,14 +147,7 @@ def test_ranks_skip_the_same_non_finite_step(tmp_path):
 def test_ctrl_c_on_one_rank_stops_both_after_the_same_iteration(tmp_path):
     """Ctrl-C reaches rank 1 alone, in its 3rd training forward (iteration 1 of 3): both ranks finish iteration
     1, rank 0 writes last.pt of iteration 1 and summary.json, and both exit with status 130."""
-    args = dict(
-        TINY,
-        total_timesteps=3 * ITERATION,
-        target_kl=None,
-        dist_timeout_s=20,
-        policy="toy_policies:on_rank",
-        policy_kwargs='{"rank": 1, "fault": "sigint", "at_call": 3}',
-    )
+    args = fault_on_rank_1("sigint", at_call=3, target_kl=None)
     results = launch(tmp_path, args)
     assert all(r is not None for r in results), [log(tmp_path, r)[-1500:] for r in range(2)]
     assert [r["exit"] for r in results] == [130, 130]

@@ -14,23 +14,10 @@ from tensordict import TensorDict
 
 from cleanrl_embodied import ppo_continuous, ppo_ddp
 from tests.envs_for_tests import spaces
+from tests.trainer_args import EIGHT_ENVS
 
 SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp}
-TINY = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    hidden_sizes=(32, 32),
-    cuda=False,
-    total_timesteps=2 * 80,
-    eval_freq=1,
-    save_freq=1,
-    norm_obs=True,
-    norm_reward=True,
-)
+TINY = dict(EIGHT_ENVS, total_timesteps=2 * 80, eval_freq=1, save_freq=1, norm_obs=True, norm_reward=True)
 COMMON_KEYS = {
     "script",
     "args",

@@ -14,7 +14,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cleanrl_embodied import export, ppo_continuous, ppo_recurrent, shared
 
 CUE = "tests.envs_for_tests:Cue-v0"  # the cue is seen at the first step only; the last step's reward asks for it
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:FutureWarning")  # TorchScript is deprecated, still here
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.:FutureWarning"),  # TorchScript is deprecated, still here
+    pytest.mark.usefixtures("offline"),  # tests/conftest.py
+]
 TINY = dict(num_envs=8, num_steps=10, num_minibatches=2, update_epochs=2, num_eval_envs=4, num_eval_episodes=4,
             hidden_sizes=(16,), rnn_hidden_size=16, cuda=False, compile="off", eval_freq=0, save_freq=0)  # fmt: skip
 
@@ -27,12 +30,6 @@ def scalars(run_dir: str, tag: str) -> list[float]:
     acc = EventAccumulator(run_dir)
     acc.Reload()
     return [e.value for e in acc.Scalars(tag)]
-
-
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("rnn_type", ["lstm", "gru"])

@@ -22,6 +22,8 @@ import pytest
 import torch
 import toy_policies
 
+from tests.trainer_args import tiny_args
+
 GAMMA, RADIUS, LIMIT, SCALE, ACTION = 0.9, 0.3, 3, 10.0, 0.1
 N, T, VF_COEF = 8, 8, 0.5
 TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async"]
@@ -49,12 +51,9 @@ def run(name: str, tmp_path: Path, **overrides) -> dict:
         num_eval_episodes=2,
         eval_freq=0,
         save_freq=0,
-        output_dir=str(tmp_path),
         cuda=False,
     )
-    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the probe is on toy_policies' ToyVLA
-        del args["hidden_sizes"]
-    out = module.main(module.Args(**{**args, **overrides}))
+    out = module.main(tiny_args(module, tmp_path, args, **overrides))  # (a VLA trainer's probe: toy_policies' ToyVLA)
     probe = toy_policies.PROBE
     targets = (probe["value"] - probe["value_grad"] * N * T / VF_COEF).double()  # R per sample, from the gradient
     return {"out": out, "obs": probe["obs"].double(), "targets": targets, "rollout": torch.stack(probe["rollout"])}

@@ -15,15 +15,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from toy_policies import ToyVLA
 
 from cleanrl_embodied import ppo_vla, ppo_vla_ddp
+from tests.checks import micro_batch_runs, one_line_exit, pieces_train_like_whole
 from tests.instructed_envs import counting_env
 
 SCRIPTS = {"ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp}
 
 
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 def args_for(script: str, out: Path, env_id: str = "PushCubeLangRL", **kw):
@@ -119,15 +117,12 @@ def test_micro_batches_give_the_unsplit_update(script, tmp_path):
     another learning rate gives other weights: the updates do move them). 4 envs, fewer than a piece: the rollouts,
     whose sampling would otherwise be split too, are the same."""
     models = []
-    for name, kw in (("whole", {}), ("pieces", {"micro_batch_size": 5}), ("other_lr", {"learning_rate": 3e-3})):
+    for name, kw in micro_batch_runs():
         sizes = dict(num_envs=4, num_minibatches=1, total_timesteps=4 * 4 * 3)
         summary = train(script, args_for(script, tmp_path / name, update_epochs=2, target_kl=None, **sizes, **kw))
         assert summary["train"]["charts/skipped_updates"] == 0
         models.append(summary["last"]["model"])
-    whole, pieces, other = models
-    for key, value in whole.items():
-        assert torch.allclose(value.float(), pieces[key].float(), atol=1e-6, rtol=1e-5), key
-    assert any(not torch.allclose(v.float(), other[k].float()) for k, v in whole.items() if "actor" in k)
+    pieces_train_like_whole(*models)
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
@@ -193,8 +188,7 @@ def test_a_checkpoint_of_the_trainers_before_the_split_is_refused_in_one_line(sc
     for flag in ("resume", "eval_checkpoint"):
         with pytest.raises(SystemExit) as e:
             SCRIPTS[script].main(args_for(script, tmp_path / "b", **{flag: str(tmp_path / "old.pt")}))
-        message = str(e.value.code)
-        assert message.startswith("error: ") and "\n" not in message, message
+        message = one_line_exit(e)
         assert f"{old}.py" in message and "split off" in message and "version" in message, message
 
 

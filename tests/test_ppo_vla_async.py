@@ -9,12 +9,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,21 +19,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanrl_embodied import ppo_vla_async, shared
 from cleanrl_embodied.shared import make_env
+from tests.subprocesses import TESTS, ctrl_c_a_long_run, subprocess_env
+from tests.trainer_args import EIGHT_ENVS, TOY_VLA, fit, without_network
 
 SCRIPT = Path(ppo_vla_async.__file__)
-TINY = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    policy="toy_policies:ToyVLA",
-    policy_kwargs='{"hidden": 32}',
-    cuda=False,
-    eval_freq=0,
-    save_freq=0,
-)
+TINY = fit(ppo_vla_async, dict(EIGHT_ENVS, policy_kwargs='{"hidden": 32}', eval_freq=0, save_freq=0))  # ToyVLA
 
 
 def tiny_args(tmp_path, iterations: int = 6, **overrides) -> ppo_vla_async.Args:
@@ -234,52 +219,7 @@ def test_bad_input_is_one_clear_line(tmp_path, flag, value):
 
 
 def test_ctrl_c_stops_both_sides_and_writes_last_checkpoint_and_summary(tmp_path):
-    tests = str(Path(__file__).resolve().parent)  # toy_policies
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--output-dir",
-            str(tmp_path),
-            "--num-envs",
-            "8",
-            "--num-steps",
-            "10",
-            "--num-minibatches",
-            "2",
-            "--total-timesteps",
-            "100000000",
-            "--no-cuda",
-            "--save-freq",
-            "0",
-            "--eval-freq",
-            "0",
-            "--compile",
-            "off",  # (a run this long would compile first; Ctrl-C is what is tested here)
-            "--policy",
-            "toy_policies:ToyVLA",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("*/events.out.tfevents*")):
-        time.sleep(0.5)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output[-2000:]
-    run_dir = next(tmp_path.glob("PushCubeRL__*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert summary["global_step"] == ckpt["global_step"] > 0
+    _, ckpt = ctrl_c_a_long_run(SCRIPT, tmp_path, "--policy", TOY_VLA, env=subprocess_env(TESTS))  # (toy_policies)
     assert ckpt["collector"] is not None and ckpt["collector"]["next_index"] >= ckpt["iteration"]
 
 
@@ -380,17 +320,8 @@ def scalar_steps(run_dir: str, tag: str) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
-ASYNC = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    target_kl=None,
-    cuda=False,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    eval_freq=0,
-)  # (the policies are tests/toy_policies.py's, on its ToyVLA)
+# (the policies are tests/toy_policies.py's, on its ToyVLA)
+ASYNC = without_network(dict(EIGHT_ENVS, num_eval_envs=2, num_eval_episodes=2, target_kl=None, eval_freq=0))
 
 
 def test_ppo_async_logs_no_losses_for_an_iteration_whose_every_step_was_skipped(tmp_path):
@@ -417,31 +348,13 @@ def test_ppo_async_logs_no_losses_for_a_dropped_rollout(tmp_path):
     both collected with the initial policy (the collector runs K = 2 ahead of a slow learner), so after the resume
     with K = 1 rollout 1 is learned from (version 1 -> 2) and rollout 2 is dropped: nothing of rollout 1's update
     may be logged again at rollout 2's step."""
-    first = ppo_vla_async.main(
-        ppo_vla_async.Args(
-            output_dir=str(tmp_path / "a"),
-            total_timesteps=4 * 80,
-            max_staleness=2,
-            save_freq=1,
-            policy="toy_policies:slow",
-            policy_kwargs='{"update_ms": 150}',
-            **ASYNC,
-        )
-    )
+    slow = dict(ASYNC, total_timesteps=4 * 80, policy="toy_policies:slow", policy_kwargs='{"update_ms": 150}')
+    first = ppo_vla_async.main(ppo_vla_async.Args(output_dir=str(tmp_path / "a"), max_staleness=2, save_freq=1, **slow))
     path = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
     pending = torch.load(path, weights_only=True)["collector"]["pending"]
     assert [(p["index"], p["version"]) for p in pending][:2] == [(1, 0), (2, 0)]  # precondition (timing)
     resumed = ppo_vla_async.main(
-        ppo_vla_async.Args(
-            output_dir=str(tmp_path / "b"),
-            total_timesteps=4 * 80,
-            max_staleness=1,
-            save_freq=0,
-            resume=str(path),
-            policy="toy_policies:slow",
-            policy_kwargs='{"update_ms": 150}',
-            **ASYNC,
-        )
+        ppo_vla_async.Args(output_dir=str(tmp_path / "b"), max_staleness=1, save_freq=0, resume=str(path), **slow)
     )
     assert scalar_steps(resumed["run_dir"], "charts/dropped_rollouts") == {160: 0.0, 240: 1.0, 320: 1.0}
     for tag in ("losses/policy_loss", "losses/explained_variance"):

@@ -24,6 +24,7 @@ from cleanrl_embodied.shared.envs.push_cube import (
     expert_action,
 )
 from cleanrl_embodied.shared.language import INSTRUCTION_KEY
+from tests.checks import steps_without_a_host_sync
 from tests.envs_for_tests import random_actions
 from tests.test_push_cube_rgb import centroid, cube_mask, set_state, tcp_mask
 
@@ -189,13 +190,5 @@ def test_both_cameras_step_without_a_host_sync_on_a_gpu():
     """Everything the cameras draw stays on the device: no step (autoresets included) waits for the host."""
     env = PushCubeRLVecEnv(num_envs=64, device="cuda", seed=0, obs_mode="proprio+rgb", obs_cameras=BOTH,
                            privileged_state=True, max_episode_steps=3)  # fmt: skip
-    env.reset(seed=0)
-    actions = 2 * torch.rand(6, 64, 7, device="cuda") - 1
-    env.step(actions[0])  # (first calls may set things up)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for action in actions[1:]:
-            obs, *_ = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    obs, *_ = steps_without_a_host_sync(env)
     assert obs["wrist"].device.type == "cuda" and obs["wrist"].shape == (64, 3, 64, 64)

@@ -8,32 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
 from cleanrl_embodied.shared import make_env
 from cleanrl_embodied.shared.evaluation import evaluate
+from tests.trainer_args import ONE_OF_EACH_KIND, TWO_SAVED_ITERATIONS, tiny_args, trainers
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
-TINY = dict(
-    num_envs=4,
-    num_steps=5,
-    num_minibatches=2,
-    update_epochs=1,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(8, 8),
-    cuda=False,
-    eval_freq=0,
-    save_freq=1,
-    total_timesteps=2 * 20,
-)
+SCRIPTS = trainers(ONE_OF_EACH_KIND)
 
 
 def tiny(name: str, tmp_path: Path, **overrides):
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TINY, **extra, **overrides}
-    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
+    return tiny_args(name, tmp_path, TWO_SAVED_ITERATIONS, **overrides)
 
 
 def test_sampled_evaluation_draws_from_another_stream_than_the_eval_env():

@@ -21,18 +21,9 @@ from cleanrl_embodied.shared.evaluation import Evaluator, evaluation_seed
 from cleanrl_embodied.shared.non_finite import SkipGuard
 from cleanrl_embodied.shared.random_streams import seed_everything, stream_seed
 from cleanrl_embodied.shared.run_logger import RunLogger
+from tests.trainer_args import EIGHT_ENVS, tiny_args, trainer
 
-TINY = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    hidden_sizes=(32, 32),
-    cuda=False,
-    eval_freq=0,
-)
+TINY = dict(EIGHT_ENVS, eval_freq=0)
 
 
 def test_every_evaluation_starts_from_fresh_reproducible_starts(tmp_path):
@@ -141,24 +132,19 @@ def test_reward_terms_are_logged_as_iteration_means(tmp_path, name):
     -|a_t - a_(t-1)|^2 = -7 * 0.25 at the first step of every episode (a_(-1) = 0) and 0 at the others; with
     4-step episodes, iteration 1 (steps 1-6) has two episode starts, iteration 2 (steps 7-12) one; GRPO starts
     every iteration afresh. And with the default weights the terms add up to the reward."""
-    module = importlib.import_module(f"cleanrl_embodied.{name}")
-    extra = {"group_size": 2} if name == "grpo" else {"num_minibatches": 2}
-    kwargs = {
-        **TINY,
-        **extra,
-        "num_steps": 6,
-        "total_timesteps": 2 * 8 * 6,
-        "env_kwargs": json.dumps(
-            {"reward_weights": {"action_rate": 1.0}, "max_episode_steps": 4, "terminate_on_success": False}
-        ),
-        "policy": "toy_policies:still",
-        "policy_kwargs": '{"action": 0.5}',
-        "save_freq": 0,
-        "output_dir": str(tmp_path),
-    }
-    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the probe is on toy_policies' ToyVLA
-        del kwargs["hidden_sizes"]
-    out = module.main(module.Args(**kwargs))
+    env_kwargs = {"reward_weights": {"action_rate": 1.0}, "max_episode_steps": 4, "terminate_on_success": False}
+    args = tiny_args(  # (a VLA trainer's probe: on toy_policies' ToyVLA)
+        name,
+        tmp_path,
+        TINY,
+        num_steps=6,
+        total_timesteps=2 * 8 * 6,
+        env_kwargs=json.dumps(env_kwargs),
+        policy="toy_policies:still",
+        policy_kwargs='{"action": 0.5}',
+        save_freq=0,
+    )
+    out = trainer(name).main(args)
     acc = EventAccumulator(out["run_dir"])
     acc.Reload()
     logged = [(e.step, e.value) for e in acc.Scalars("rewards/action_rate")]

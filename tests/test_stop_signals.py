@@ -25,19 +25,12 @@ import torch.distributed as dist
 
 from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_recurrent, ppo_vla_async
 from cleanrl_embodied.shared.stop_signals import StopFlag
+from tests.subprocesses import REPO, TESTS, signal_when, subprocess_env
+from tests.trainer_args import EIGHT_ENVS, cli_flags, fit
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 ITERATIONS = 12
 PPO = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    hidden_sizes=(32, 32),
-    cuda=False,
+    EIGHT_ENVS,
     eval_freq=0,
     save_freq=1,
     total_timesteps=ITERATIONS * 8 * 10,
@@ -45,42 +38,27 @@ PPO = dict(
     policy_kwargs='{"rollout_ms": 20}',
 )
 GRPO = dict(PPO, group_size=4, policy="grpo_test_helpers:slow_actor")
-ASYNC = {k: v for k, v in PPO.items() if k != "hidden_sizes"}  # (a VLA trainer: toy_policies' ToyVLA, its own sizes)
+ASYNC = fit(ppo_vla_async, PPO)  # (a VLA trainer: toy_policies' slow ToyVLA, its own sizes)
 CONFIGS = {ppo_continuous: PPO, ppo_vla_async: ASYNC, grpo: GRPO, ppo_recurrent: dict(PPO, rnn_hidden_size=16)}
 
 
-def cli_flags(config: dict) -> list[str]:
-    """An Args dict as command-line flags (tyro's spelling)."""
-    flags = []
-    for key, value in config.items():
-        name = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(name if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, tuple):
-            flags += [name, *map(str, value)]
-        else:
-            flags += [name, str(value)]
-    return flags
-
-
-def subprocess_env() -> dict:
-    pythonpath = os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": pythonpath}
+def child_env() -> dict[str, str]:
+    """A trainer's environment here: toy_policies and grpo_test_helpers importable (tests/), and the repository."""
+    return subprocess_env(TESTS, REPO, WANDB_MODE="disabled")
 
 
 def sigterm_after_first_save(command: list[str], out_dir: Path, timeout: float = 300) -> tuple[int, str]:
     """Start ``command``, send it SIGTERM as soon as a run under ``out_dir`` has saved iteration 1, and return
     its exit status and output."""
-    proc = subprocess.Popen(
-        command, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    return signal_when(
+        command,
+        lambda: any(out_dir.glob("*/checkpoints/iter_000001.pt")),
+        signal.SIGTERM,
+        timeout=timeout,
+        poll=0.02,
+        cwd=REPO,
+        env=child_env(),
     )
-    deadline = time.time() + timeout
-    while proc.poll() is None and time.time() < deadline and not list(out_dir.glob("*/checkpoints/iter_000001.pt")):
-        time.sleep(0.02)
-    assert proc.poll() is None, proc.communicate()[0][-3000:]  # still running when the signal goes out
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, output
 
 
 def last_checkpoint(out_dir: Path) -> tuple[Path, dict]:
@@ -199,7 +177,7 @@ def test_ppo_ddp_sigterm_through_torchrun_stops_both_ranks_once_and_resumes_bit_
     proc = subprocess.run(
         torchrun(__file__, str(tmp_path), str(run_dir / "checkpoints" / "last.pt")),
         cwd=REPO,
-        env=subprocess_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,

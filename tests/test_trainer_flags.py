@@ -6,7 +6,6 @@ for a numeric flag out of its range (every numeric flag of every trainer is chec
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -14,32 +13,18 @@ from pathlib import Path
 import pytest
 import toy_policies
 
-from cleanrl_embodied import grpo, ppo_continuous, ppo_ddp, ppo_vla_async
+from cleanrl_embodied import ppo_continuous
 from cleanrl_embodied.shared import make_env
+from tests.checks import exits_in_one_line, one_line_exit
+from tests.trainer_args import FOUR_ENVS, ONE_OF_EACH_KIND, TWO_SAVED_ITERATIONS, tiny_args, trainer, trainers
 
 TEST_ENV = "tests.envs_for_tests:PointReach-v0"
 TRAINERS = ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo", "ppo_recurrent"]
-TINY = dict(
-    num_envs=4,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=3,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(16,),
-    eval_freq=0,
-    save_freq=0,
-    cuda=False,
-)
+TINY = dict(FOUR_ENVS, num_steps=10, update_epochs=3, hidden_sizes=(16,), eval_freq=0, save_freq=0)
 
 
 def args_for(name: str, tmp_path: Path, **overrides):
-    module = importlib.import_module(f"cleanrl_embodied.{name}")
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TINY, **extra, **overrides}
-    if "hidden_sizes" not in module.Args.__dataclass_fields__:  # a VLA trainer: the policy is toy_policies' ToyVLA
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return module, module.Args(output_dir=str(tmp_path), **config)
+    return trainer(name), tiny_args(name, tmp_path, TINY, **overrides)
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "async"])
@@ -135,41 +120,15 @@ def test_envpool_missing_is_one_line_saying_how_to_install_it(tmp_path):
         ppo_continuous.main(
             ppo_continuous.Args(**TINY, env_id="HalfCheetah-v5", env_vectorization="envpool", output_dir=str(tmp_path))
         )
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message and hint in message
+    assert hint in one_line_exit(e)
     assert not list(tmp_path.iterdir())
 
 
-SCRIPTS = {"ppo_continuous": ppo_continuous, "ppo_ddp": ppo_ddp, "ppo_vla_async": ppo_vla_async, "grpo": grpo}
-TWO_ITERATIONS = dict(  # a checkpoint after each
-    num_envs=4,
-    num_steps=5,
-    num_minibatches=2,
-    update_epochs=1,
-    num_eval_envs=2,
-    num_eval_episodes=2,
-    hidden_sizes=(8, 8),
-    cuda=False,
-    eval_freq=0,
-    save_freq=1,
-    total_timesteps=2 * 20,
-)
+SCRIPTS = trainers(ONE_OF_EACH_KIND)
 
 
 def tiny(name: str, tmp_path: Path, **overrides):
-    extra = {"group_size": 2} if name == "grpo" else {}
-    config = {**TWO_ITERATIONS, **extra, **overrides}
-    if name == "ppo_vla_async":  # a VLA trainer: no network of its own (tests/toy_policies.py's ToyVLA), no sizes
-        config = {"policy": "toy_policies:ToyVLA", **{k: v for k, v in config.items() if k != "hidden_sizes"}}
-    return SCRIPTS[name].Args(output_dir=str(tmp_path), **config)
-
-
-def one_line_error(call) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
+    return tiny_args(name, tmp_path, TWO_SAVED_ITERATIONS, **overrides)
 
 
 # Every numeric flag of every trainer is checked for its range; a bad value is one line, before anything is built.
@@ -200,7 +159,7 @@ CASES += [("grpo", {"adv_eps": INF}, "--adv-eps must be a finite number, got inf
 
 @pytest.mark.parametrize("name, overrides, message", CASES)
 def test_numeric_flags_out_of_range_are_one_line(tmp_path, name, overrides, message):
-    got = one_line_error(lambda: SCRIPTS[name].main(tiny(name, tmp_path / "runs", **overrides)))
+    got = exits_in_one_line(lambda: SCRIPTS[name].main(tiny(name, tmp_path / "runs", **overrides)))
     assert got.startswith(f"error: {message}"), got
     assert not (tmp_path / "runs").exists()  # refused before anything was built
 
@@ -219,7 +178,7 @@ def test_resume_and_eval_checkpoint_together_are_refused(tmp_path, name):
     first = SCRIPTS[name].main(tiny(name, tmp_path / "a"))
     a = Path(first["run_dir"]) / "checkpoints" / "iter_000001.pt"
     b = Path(first["run_dir"]) / "checkpoints" / "last.pt"
-    message = one_line_error(
+    message = exits_in_one_line(
         lambda: SCRIPTS[name].main(tiny(name, tmp_path / "b", resume=str(a), eval_checkpoint=str(b)))
     )
     assert "--resume" in message and "--eval-checkpoint" in message, message

@@ -23,38 +23,19 @@ from cleanrl_embodied import grpo, ppo_continuous, ppo_vla_async
 from cleanrl_embodied.shared.model_state import frozen_fingerprint
 from examples import tiny_vla
 from examples.tiny_vla import TinyVLA, TinyVLAConfig, load_pretrained, make_policy, save_pretrained
+from tests.checks import one_line_exit
+from tests.trainer_args import EIGHT_ENVS, fit
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 36
 ENV_KWARGS = json.dumps({"obs_mode": "rgb", "image_size": SIZE})
 POLICY = "examples.tiny_vla:make_policy"
 PPO_ITERATIONS = 4
-PPO = dict(
-    num_envs=8,
-    num_steps=10,
-    num_minibatches=2,
-    update_epochs=2,
-    num_eval_envs=4,
-    num_eval_episodes=4,
-    eval_freq=0,
-    save_freq=0,
-    cuda=False,
-    env_kwargs=ENV_KWARGS,
-    eval_env_kwargs=ENV_KWARGS,
-    policy=POLICY,
-)
+PPO_SIZES = dict(EIGHT_ENVS, eval_freq=0, save_freq=0, env_kwargs=ENV_KWARGS, eval_env_kwargs=ENV_KWARGS, policy=POLICY)
+PPO = fit(ppo_vla_async, PPO_SIZES)  # (no network sizes: the example's policy; ppo_continuous takes it too)
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    torch.set_num_threads(1)
-
-
-def one_line_exit(excinfo) -> str:
-    msg = str(excinfo.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
+pytestmark = pytest.mark.usefixtures("offline")  # tests/conftest.py
 
 
 def rgb_spaces(size: int = SIZE, act_dim: int = 7) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
@@ -219,24 +200,13 @@ def test_grpo_fine_tunes_a_ppo_checkpoint_with_a_kl_penalty(tmp_path, pretrained
     ppo_run["args"] = ppo_continuous.Args(policy_kwargs=kwargs)
     ppo_ckpt = Path(ppo_run["run_dir"]) / "checkpoints" / "last.pt"
     args = grpo.Args(
-        env_kwargs=ENV_KWARGS,
-        eval_env_kwargs=ENV_KWARGS,
-        policy=POLICY,
+        **PPO,
+        group_size=4,
         policy_kwargs=ppo_run["args"].policy_kwargs,
         ref_checkpoint=str(ppo_ckpt),
         kl_coef=0.02,
-        num_envs=8,
-        group_size=4,
-        num_steps=10,
         total_timesteps=2 * 80,
-        num_minibatches=2,
-        update_epochs=2,
-        eval_freq=0,
-        save_freq=0,
-        num_eval_envs=4,
-        num_eval_episodes=4,
         output_dir=str(tmp_path),
-        cuda=False,
     )
     out = grpo.main(args)
     ckpt, reference = torch.load(out["checkpoint"], weights_only=True), torch.load(ppo_ckpt, weights_only=True)
