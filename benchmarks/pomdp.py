@@ -345,13 +345,16 @@ def pendulum_section(runs: list[dict], data: dict) -> list[str]:
             mean_std(ratio, 3) + "x" if ratio else "-",
         ])  # fmt: skip
     lines = [
-        "## PendulumNoVel: ours against sb3-contrib's RecurrentPPO",
+        "## PendulumNoVel: ours against sb3-contrib's RecurrentPPO"
+        if any(r["method"] == "sb3" for r in runs)
+        else "## PendulumNoVel",
         "",
         "Pendulum-v1 without its angular velocity, "
         + (
             "a tiny budget (2,048 env steps; sb3 one rollout of 4,096)"
             if data["args"]["tiny"]
-            else f"{data['args']['pendulum_timesteps']:,} env steps per run (RL Zoo's budget)"
+            else f"{data['args']['pendulum_timesteps']:,} env steps per run"
+            + (" (RL Zoo's budget)" if data["args"]["pendulum_timesteps"] == 100_000 else "")
         )
         + ", then 10 "
         "deterministic evaluation episodes. Ours and the controls see [cos θ, sin θ] (`obs_indices [0, 1]`); sb3 sees "

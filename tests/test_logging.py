@@ -176,6 +176,28 @@ def test_versions_never_raises():
     assert versions()["python"] != "changed"
 
 
+@pytest.mark.parametrize(
+    "status, dirty",
+    [
+        ("", False),
+        ("?? docs/results/new-report/report.md", False),  # an output being written is not a change of the code
+        ("?? cleanrl_embodied/my_ppo.py", True),  # a new trainer is
+        (" M README.md", True),
+        ("?? docs/x.md\n M cleanrl_embodied/ppo_continuous.py", True),
+    ],
+)
+def test_git_dirty_counts_changed_files_and_untracked_code(monkeypatch, status, dirty):
+    from cleanrl_embodied.shared import run_logger
+
+    answers = {"rev-parse": "0" * 40, "status": status}
+    monkeypatch.setattr(run_logger, "_git", lambda *args: answers[args[0]])
+    run_logger._versions_cached.cache_clear()
+    try:
+        assert run_logger.versions()["git_dirty"] is dirty
+    finally:
+        run_logger._versions_cached.cache_clear()
+
+
 def test_atomic_save_round_trip(tmp_path):
     state = {"model": {"w": torch.randn(3, 4)}, "global_step": 123, "obs_rms": [torch.zeros(2)]}
     path = atomic_save(state, tmp_path / "ckpt" / "last.pt")

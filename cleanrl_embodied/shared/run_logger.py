@@ -74,8 +74,10 @@ def _versions_cached() -> tuple[tuple[str, Any], ...]:
     sha = _git("rev-parse", "HEAD")
     dirty = None
     if sha:
-        status = _git("status", "--porcelain")  # untracked files count: a new trainer or policy file is a change
-        dirty = None if status is None else bool(status)
+        status = _git("status", "--porcelain", "--untracked-files=all")
+        # changed files count, and untracked code (a new trainer or policy file), not untracked outputs (reports)
+        lines = [] if status is None else [line for line in status.splitlines() if line]
+        dirty = None if status is None else any(not line.startswith("??") or line.endswith(".py") for line in lines)
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -92,9 +94,9 @@ def versions() -> dict[str, Any]:
     """Versions of python, torch, gymnasium, tensordict, numpy, plus the git commit of this code.
 
     ``git_sha`` is ``git rev-parse HEAD`` of the repository holding this package (None when the
-    package is not in a git checkout or git is missing); ``git_dirty`` says whether the working tree
-    differs from that commit: changed files, or untracked ones that .gitignore does not name (None
-    when unknown). The trainer file's own state is in summary.json's ``trainer`` (shared.trainer_file).
+    package is not in a git checkout or git is missing); ``git_dirty`` says whether the code differs
+    from that commit: changed files, or untracked Python files that .gitignore does not name (None
+    when unknown; untracked outputs, such as a report being written, do not count). The trainer file's own state is in summary.json's ``trainer`` (shared.trainer_file).
     Never raises; computed once per process.
     """
     try:
