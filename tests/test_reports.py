@@ -1,6 +1,7 @@
 """Every published figure traces to a report that says where it came from, and a report whose numbers the code no
-longer computes says so, in the report and wherever it is quoted: in the quoting paragraph, or in an earlier paragraph
-of its section that names the report (benchmarks/provenance.py, docs/benchmarks.md)."""
+longer computes says so, in the report and wherever it is quoted (a paragraph that links its folder or its section of
+docs/benchmarks.md): in the quoting paragraph, or in an earlier paragraph of its section that quotes it too
+(benchmarks/provenance.py, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,6 @@ def sections(page: Path) -> list[list[str]]:
         current.append(block)
         fenced ^= block.count("```") % 2 == 1
     return [*out, current]
-
-
-def links(paragraph: str) -> set[str]:
-    """The report folders a paragraph links to (markdown links and image paths into docs/results/)."""
-    return {m.group(1) for m in LINK.finditer(paragraph) if (RESULTS / m.group(1)).is_dir()}
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
@@ -91,22 +87,123 @@ def test_a_report_whose_fingerprints_moved_is_marked_stale():
     )
 
 
-def test_a_stale_report_says_so_at_its_top_and_wherever_it_is_quoted():
-    stale = {r.name for r in REPORTS if json.loads((r / provenance.FILE).read_text())["stale"]}
+MARKDOWN_EXTENSIONS = ["toc", "tables", "attr_list", "md_in_html", "admonition", "pymdownx.details",
+                       "pymdownx.superfences", "pymdownx.highlight", "pymdownx.inlinehilite"]  # fmt: skip
+"""mkdocs.yml's markdown extensions: the page rendered as the site renders it gives the site's heading anchors."""
+HEADING_OR_MARKER = re.compile(r'<h([1-6]) id="([^"]+)"|<!-- (BEGIN|END) ([A-Za-z0-9_.@+-]+) -->')
+MARKER = re.compile(r"<!-- (BEGIN|END) ([A-Za-z0-9_.@+-]+) -->")
+TARGET = re.compile(r"\]\(([^)\s]+)\)")  # a markdown link's target
+
+
+def section_anchors(benchmarks_md: Path) -> dict[str, set[str]]:
+    """Per report with a section of its own in docs/benchmarks.md (between `<!-- BEGIN name -->` and its END), the
+    anchors a link reaches it by, as mkdocs builds them (the page rendered with mkdocs.yml's extensions): the headings
+    inside the section and those of the sections it lies in (the page's title excepted)."""
+    import markdown
+
+    html = markdown.Markdown(extensions=MARKDOWN_EXTENSIONS).convert(benchmarks_md.read_text())
+    anchors: dict[str, set[str]] = {}
+    stack: list[tuple[int, str, str | None]] = []  # the headings the text is under: (level, anchor, section)
+    inside: str | None = None
+    for m in HEADING_OR_MARKER.finditer(html):
+        if m.group(1):
+            level = int(m.group(1))
+            stack = [h for h in stack if h[0] < level] + [(level, m.group(2), inside)]
+            if inside:
+                anchors[inside].add(m.group(2))
+        elif m.group(3) == "BEGIN":
+            inside = m.group(4)
+            own = re.match(r"\s*<h([1-6])", html[m.end() :])  # a section that starts with its own heading
+            below = int(own.group(1)) if own else 7  # (is not under the headings of its level and above)
+            anchors[inside] = {anchor for level, anchor, _ in stack if 1 < level < below}
+        else:  # END: the section's own headings end with it
+            stack = [h for h in stack if h[2] != m.group(4)]
+            inside = None
+    return anchors
+
+
+def quoted(paragraph: str, page: Path, results: Path, anchors: dict[str, set[str]], inside: str | None) -> set[str]:
+    """The reports a paragraph of `page` quotes: those whose folder it links (a path into `results`) and those whose
+    section of docs/benchmarks.md it links (an anchor of `anchors`; not from inside that section, `inside`)."""
+    names = {m.group(1) for m in LINK.finditer(paragraph) if (results / m.group(1)).is_dir()}
+    benchmarks_md = (results.parent / "benchmarks.md").resolve()
+    for target in TARGET.findall(paragraph):
+        path, _, anchor = target.partition("#")
+        if anchor and ((page.parent / path).resolve() if path else page.resolve()) == benchmarks_md:
+            names |= {name for name, reach in anchors.items() if anchor in reach and name != inside}
+    return names
+
+
+def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
+    """Where a stale report under `results` is shown without saying so: its page without the banner, and each
+    paragraph of `pages` (README.md, docs/*.md) that quotes it without "stale", in the paragraph or in an earlier one
+    of its section that quotes it too. A paragraph quotes a report when it links its folder or its section of
+    docs/benchmarks.md (`quoted`)."""
+    root = results.parents[1]
+    stale = {r.name for r in results.iterdir() if (r / provenance.FILE).is_file() and provenance.load(r)["stale"]}
     problems = []
     for name in sorted(stale):
-        page = provenance.report_markdown(RESULTS / name)
+        page = provenance.report_markdown(results / name)
         if page is not None and not page.read_text().startswith(provenance.STALE_BANNER):
-            problems.append(f"{page.relative_to(REPO)} does not start with '{provenance.STALE_BANNER}'")
-    for page in PAGES:  # a paragraph that quotes a stale report says so, or an earlier one of its section does
+            problems.append(f"{page.relative_to(root)} does not start with '{provenance.STALE_BANNER}'")
+    anchors = section_anchors(results.parent / "benchmarks.md")
+    for page in pages:
+        inside = None  # the report section of docs/benchmarks.md a paragraph lies in
         for section in sections(page):
+            quotes = []
+            for paragraph in section:
+                markers = MARKER.findall(paragraph)
+                begins = [name for kind, name in markers if kind == "BEGIN"]
+                inside = begins[-1] if begins else inside
+                quotes.append(quoted(paragraph, page, results, anchors, inside))
+                if markers and markers[-1][0] == "END":
+                    inside = None
             for i, paragraph in enumerate(section):
-                for name in sorted(links(paragraph) & stale):
-                    said = [p for p in section[: i + 1] if "stale" in p.lower() and f"results/{name}" in p]
-                    if "stale" not in paragraph.lower() and not said:
+                for name in sorted(quotes[i] & stale):
+                    said = any("stale" in p.lower() and name in q for p, q in zip(section[: i + 1], quotes))
+                    if not said:
                         first = paragraph.strip().splitlines()[0][:80]
-                        problems.append(f"{page.relative_to(REPO)}: quotes {name} without saying stale: {first!r}")
+                        problems.append(f"{page.relative_to(root)}: quotes {name} without saying stale: {first!r}")
+    return problems
+
+
+def test_a_stale_report_says_so_at_its_top_and_wherever_it_is_quoted():
+    problems = unmarked_quotes(PAGES, RESULTS)
     assert not problems, "\n".join(problems)
+
+
+def test_a_report_section_is_reached_by_its_headings_and_those_it_lies_under():
+    anchors = section_anchors(RESULTS.parent / "benchmarks.md")
+    assert anchors["vs-cleanrl-cpu"] == {"ours-vs-cleanrl-on-cleanrls-mujoco-settings-cpu"}
+    assert anchors["vla-rl-cpu-split"] == {"vla-rl-from-behaviour-cloning-cpu_1"}  # (a second heading of that name)
+    assert "vla-what-rl-adds-to-a-pretrained-base-from-few-demonstrations-cpu" in anchors["vla-fewshot-cpu"]
+    assert {"propriorgb-k1", "statergb-k10"} <= anchors["vla-fewshot-cpu"]
+    assert anchors["pixels-rgb-cpu"] == {"pixel-ppo-rgb-pushcuberl-cpu", "image-only-obs_modergb", "pushcuberlrgb"}
+    # a section after another's subsections: under their heading, not theirs
+    assert anchors["lang-6m-cpu"] == {"pushcubelangrl-language-action-heads-and-grpo-group-filtering-cpu",
+                                      "pushcubelangrlchunk4-6m"}  # fmt: skip
+
+
+def test_a_figure_quoted_through_a_link_to_its_docs_section_says_stale(tmp_path, monkeypatch):
+    """README's Results row (2.36x) and docs/ppo_continuous.md quote vs-cleanrl-cpu through a link to its section of
+    docs/benchmarks.md, with no results/ path: marked stale (in a copy of the docs), both quotes are caught."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    for page in PAGES:
+        (root / page.relative_to(REPO)).write_text(page.read_text())
+    for report in REPORTS:
+        copy = root / "docs" / "results" / report.name
+        copy.mkdir(parents=True)
+        for file in [report / provenance.FILE, *report.glob("*.md")]:
+            (copy / file.name).write_text(file.read_text())
+    monkeypatch.setattr(provenance, "RESULTS_DIR", root / "docs" / "results")
+    monkeypatch.setattr(provenance, "RESULTS_MD", root / "docs" / "benchmarks.md")
+    pages = [root / p.relative_to(REPO) for p in PAGES]
+    assert unmarked_quotes(pages, root / "docs" / "results") == []  # the copy passes as the docs do
+    provenance.mark_stale(root / "docs" / "results" / "vs-cleanrl-cpu", "the numbers of ppo_continuous moved (a test)")
+    problems = [p for p in unmarked_quotes(pages, root / "docs" / "results") if "quotes vs-cleanrl-cpu" in p]
+    assert {p.split(":")[0] for p in problems} == {"README.md", "docs/ppo_continuous.md"}, problems
+    assert any(p.startswith("README.md") and "| what | result |" in p for p in problems), problems  # the Results row
 
 
 def test_the_fingerprint_names_reports_depend_on_exist():
