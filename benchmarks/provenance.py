@@ -16,10 +16,12 @@ names a commit of this repository). docs/benchmarks.md describes the rules.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import functools
 import hashlib
+import importlib
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -66,31 +68,86 @@ SCRIPT_FINGERPRINTS = {
                   "hf_vla", "env-PushCubeRL", "env-PushCubeLangRL"],
 }  # fmt: skip
 ENV_FINGERPRINTS = {"PushCubeRL": "env-PushCubeRL", "PushCubeLangRL": "env-PushCubeLangRL"}
-DEFAULT_ENV = {"ppo_continuous": "PushCubeRL", "ppo_recurrent": "PushCubeRL", "grpo": "PushCubeRL",
-               "ppo_ddp": "PushCubeRL"}  # the trainers' default env id  # fmt: skip
-PIXEL_MODES = re.compile(r'"obs_mode":\s*"[^"]*rgb')
-DROPOUT = re.compile(r'"dropout_sensor":\s*"')  # PushCubeRL's sensor dropout: its own env fingerprint
+PIXEL_FINGERPRINTS = {"ppo_continuous": "ppo_continuous-pixels", "ppo_recurrent": "ppo_recurrent-gru-pixels"}
+"""The fingerprint of a trainer's image path (its encoder), for runs whose env observes images."""
+IMAGE_OBS_MODES = ("rgb", "proprio+rgb", "state+rgb")  # PushCubeRL's (shared/envs/push_cube/options.py)
+DROPOUT_FINGERPRINT = "env-PushCubeRL-dropout"  # PushCubeRL's sensor dropout (env kwarg dropout_sensor)
+HF_VLA_FINGERPRINT = "hf_vla"  # the policy of examples/hf_vla (--policy examples.hf_vla:make_policy)
+
+
+def flags(tokens: list[str]) -> dict[str, str | bool]:
+    """The flags of a script's arguments as its CLI (tyro) reads them: `--name value` or `--name=value` (a flag's
+    first value; more values, as `--hidden-sizes 64 64`, are not needed here), `--name` alone True and `--no-name`
+    False; `-` and `_` alike in names (keys: the Args field names)."""
+    out: dict[str, str | bool] = {}
+    for i, token in enumerate(tokens):
+        if not token.startswith("--") or token == "--":
+            continue
+        name, eq, value = token[2:].partition("=")
+        name = name.replace("-", "_")
+        if eq:
+            out[name] = value
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            out[name] = tokens[i + 1]
+        elif name.startswith("no_"):
+            out[name[3:]] = False
+        else:
+            out[name] = True
+    return out
+
+
+@functools.cache
+def script_defaults(script: str) -> dict:
+    """The defaults of a trainer's flags: the fields of `cleanrl_embodied.<script>.Args` ({} for a script that is
+    not a trainer of this package)."""
+    try:
+        args = importlib.import_module(f"cleanrl_embodied.{script}").Args
+    except (ImportError, AttributeError):
+        return {}
+    if not dataclasses.is_dataclass(args):
+        return {}
+    out = {}
+    for f in dataclasses.fields(args):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _json_object(value) -> dict:
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else {}
+    except json.JSONDecodeError:  # (a run that stopped at its argument check)
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def depends_on(command: str) -> list[str]:
-    """The fingerprints a command's numbers depend on: its script's, the pixel agent's when it trains on images, its
-    env's (and the sensor dropout's where it has a ``dropout_sensor``), and examples/hf_vla's when it trains that
-    policy."""
+    """The fingerprints a command's numbers depend on. The command is split as the shell splits it, its script is
+    the first `.py` argument, and its flags are read as the script's CLI reads them over the trainer's defaults
+    (`script_defaults`): the script's fingerprints (`SCRIPT_FINGERPRINTS`), its env's (with the sensor dropout's
+    where its env kwargs or eval env kwargs turn it on), the trainer's image path where the env observes images, and
+    examples/hf_vla's where the policy is that package's."""
     tokens = shlex.split(command)
-    scripts = [Path(t).stem for t in tokens if t.endswith(".py")]
-    names: set[str] = set()
-    for script in scripts:
-        names.update(SCRIPT_FINGERPRINTS.get(script, []))
-    env_id = tokens[tokens.index("--env-id") + 1] if "--env-id" in tokens else None
-    env_id = env_id or next((DEFAULT_ENV[s] for s in scripts if s in DEFAULT_ENV), None)
-    if env_id in ENV_FINGERPRINTS:
-        names.add(ENV_FINGERPRINTS[env_id])
-        if DROPOUT.search(command):
-            names.add("env-PushCubeRL-dropout")
-    if "ppo_continuous" in scripts and PIXEL_MODES.search(command):
-        names.add("ppo_continuous-pixels")
-    if "examples.hf_vla" in command:
-        names.add("hf_vla")
+    at = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
+    if at is None:
+        return []
+    path = Path(tokens[at])
+    script = path.stem
+    args = {**(script_defaults(script) if path.parent.name == "cleanrl_embodied" else {}), **flags(tokens[at + 1 :])}
+    names = set(SCRIPT_FINGERPRINTS.get(script, []))
+    env_id = args.get("env_id")
+    for kwargs in (_json_object(args.get("env_kwargs")), _json_object(args.get("eval_env_kwargs"))):
+        images = kwargs.get("obs_mode") in IMAGE_OBS_MODES
+        if env_id in ENV_FINGERPRINTS:
+            names.add(ENV_FINGERPRINTS[env_id])
+            if kwargs.get("dropout_sensor"):
+                names.add(DROPOUT_FINGERPRINT)
+        if images and script in PIXEL_FINGERPRINTS:
+            names.add(PIXEL_FINGERPRINTS[script])
+    if str(args.get("policy") or "").startswith("examples.hf_vla"):
+        names.add(HF_VLA_FINGERPRINT)
     return sorted(names)
 
 

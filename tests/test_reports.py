@@ -208,7 +208,8 @@ def test_a_figure_quoted_through_a_link_to_its_docs_section_says_stale(tmp_path,
 
 def test_the_fingerprint_names_reports_depend_on_exist():
     named = {n for names in provenance.SCRIPT_FINGERPRINTS.values() for n in names}
-    named |= set(provenance.ENV_FINGERPRINTS.values()) | {"ppo_continuous-pixels", "hf_vla"}
+    named |= set(provenance.ENV_FINGERPRINTS.values()) | set(provenance.PIXEL_FINGERPRINTS.values())
+    named |= {provenance.DROPOUT_FINGERPRINT, provenance.HF_VLA_FINGERPRINT}
     assert named <= set(FINGERPRINTS), named - set(FINGERPRINTS)
 
 
@@ -223,6 +224,53 @@ def test_depends_on_reads_the_script_env_pixels_and_policy_of_a_command():
     ]
     vla = "python cleanrl_embodied/grpo_vla.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy"
     assert provenance.depends_on(vla) == ["env-PushCubeLangRL", "grpo_vla", "hf_vla"]
+
+
+VLA_TARGET = json.dumps({"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"})
+
+
+def test_depends_on_reads_a_vla_trainers_default_policy():
+    """ppo_vla's --policy is examples.hf_vla:make_policy unless the command names another (its Args default)."""
+    command = f"python cleanrl_embodied/ppo_vla.py --env-id PushCubeLangRL --env-kwargs '{VLA_TARGET}' --seed 1"
+    assert "hf_vla" in provenance.depends_on(command)
+    toy = "python cleanrl_embodied/ppo_vla.py --env-id PushCubeLangRL --policy toy_policies:ToyVLA"
+    assert provenance.depends_on(toy) == ["env-PushCubeLangRL", "ppo_vla"]
+
+
+def test_depends_on_reads_a_flag_with_an_equals_sign():
+    command = "python cleanrl_embodied/ppo_continuous.py --env-id=PushCubeLangRL --seed=1"
+    assert provenance.depends_on(command) == ["env-PushCubeLangRL", "ppo_continuous"]
+
+
+def test_depends_on_reads_json_as_the_shell_passes_it():
+    command = 'python cleanrl_embodied/ppo_continuous.py --env-kwargs "{\\"obs_mode\\": \\"rgb\\"}" --env-id PushCubeRL'
+    assert provenance.depends_on(command) == ["env-PushCubeRL", "ppo_continuous", "ppo_continuous-pixels"]
+    state = 'python cleanrl_embodied/ppo_continuous.py --env-kwargs \'{"obs_mode": "state", "note": "rgb"}\''
+    assert provenance.depends_on(state) == ["env-PushCubeRL", "ppo_continuous"]  # the word alone is no image mode
+
+
+def test_depends_on_reads_a_trainers_default_env():
+    assert provenance.depends_on("python cleanrl_embodied/ppo_vla.py --seed 1") == [
+        "env-PushCubeLangRL",
+        "hf_vla",
+        "ppo_vla",
+    ]
+    assert provenance.depends_on("python cleanrl_embodied/grpo_vla.py")[0] == "env-PushCubeRL"  # (grpo_vla's default)
+
+
+def test_depends_on_reads_the_recurrent_trainers_pixel_path():
+    command = 'OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_recurrent.py --env-kwargs \'{"obs_mode": "proprio+rgb"}\''
+    assert provenance.depends_on(command) == ["env-PushCubeRL", "ppo_recurrent", "ppo_recurrent-gru-pixels"]
+
+
+def test_depends_on_reads_the_sensor_dropout_in_either_env():
+    train = 'python cleanrl_embodied/ppo_recurrent.py --env-kwargs=\'{"dropout_sensor": "cube"}\''
+    evaluate = 'python cleanrl_embodied/ppo_continuous.py --eval-env-kwargs \'{"dropout_sensor": "camera"}\''
+    for command in (train, evaluate):
+        assert "env-PushCubeRL-dropout" in provenance.depends_on(command), command
+    # frame stacks and chosen observation entries (make_env's wrappers) are pinned by no fingerprint of their own
+    stacked = "python cleanrl_embodied/ppo_continuous.py --env-id Pendulum-v1 --env-kwargs '{\"frame_stack\": 4}'"
+    assert provenance.depends_on(stacked) == ["ppo_continuous"]
 
 
 def test_marking_a_report_stale_writes_the_banner_once(tmp_path, monkeypatch):
