@@ -163,6 +163,28 @@ def test_k_demonstrations_per_task_are_the_first_k_of_the_file(demo_file):
     assert "--k 4" in one_line_exit(e) and "holds 3 demonstrations per task" in str(e.value.code)
 
 
+def test_state_mode_demos_are_saved_and_read_back_as_a_plain_tensor(tmp_path):
+    """PushCubeRL's default observation (obs_mode "state": one tensor [N, D], no TensorDict) is recorded, written
+    and read back as a tensor [S, D], the same samples record() gives; fewshot.py refuses such a file for a base
+    pretrained on images in one line naming obs_mode."""
+    out = tmp_path / "state.pt"
+    demos.main(demos.Args(out=str(out), per_task=2, env_id="PushCubeRL", env_kwargs="{}", num_envs=4))
+    samples, meta = demos.load_demos(str(out), k=1)
+    assert meta["env_id"] == "PushCubeRL" and meta["env_kwargs"] == {} and meta["task_names"] == ["task"]
+    env = make_env("PushCubeRL", num_envs=4, seed=1)
+    again = demos.record(env, 1, per_task=1)  # the first episode of the file, recorded again
+    dim = env.single_observation_space.shape[0]
+    assert torch.is_tensor(samples["obs"]) and samples["obs"].shape == (len(samples["actions"]), dim)
+    assert torch.equal(again["obs"], samples["obs"]) and torch.equal(again["actions"], samples["actions"])
+    assert set(samples["demo"].tolist()) == {0}
+    base = tmp_path / "base"  # what fewshot.py checks before it loads a model: the base's pretrained.json
+    base.mkdir()
+    (base / pretrain.MARKER).write_text(json.dumps({"env_kwargs": TARGET}))
+    with pytest.raises(SystemExit) as e:
+        fewshot.setup(fewshot.Args(base=str(base), demos=str(out), out=str(tmp_path / "x")))
+    assert "recorded with obs_mode 'state', the base" in one_line_exit(e)
+
+
 def test_fewshot_trains_lora_on_the_k_demos_and_resumes_bit_identically(pretrained, demo_file, start, tmp_path,
                                                                         monkeypatch):  # fmt: skip
     report = json.loads((start / "fewshot.json").read_text())

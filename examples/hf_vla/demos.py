@@ -14,8 +14,11 @@ sample: the observation, the expert's action, the task and the episode's index a
 depend on how many were recorded: the K demonstrations of a few-shot run are the first K of the file whatever
 ``--per-task`` was.
 
-The file (``torch.save``, read with ``weights_only=True``): ``obs`` (the observations' tensors), ``actions`` [S, D],
-``task`` [S], ``demo`` [S], ``meta`` (env id and options, seed, noise, per task, the task names).
+The file (``torch.save``, read with ``weights_only=True``): ``obs`` (the observations' tensors, a dict of them; an
+env whose observation is one tensor, PushCubeRL's default ``obs_mode="state"``, gives that tensor [S, ...], and
+``load_demos`` reads it back as one), ``actions`` [S, D], ``task`` [S], ``demo`` [S], ``meta`` (env id and options,
+seed, noise, per task, the task names). ``fewshot.py`` needs the images of its base's env options and refuses a file
+recorded without them (naming ``obs_mode``).
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ class Args:
 
 def record(env, seed: int, per_task: int | None = None, episodes: int | None = None, noise: float = 0.0) -> dict:
     """Run the expert in ``env`` (reset with ``seed``) until ``per_task`` successful episodes of every task (or
-    ``episodes`` finished ones) have ended; return ``{"obs": TensorDict [S], "actions": [S, D], "task": [S],
-    "demo": [S]}`` for the steps of the kept episodes, episode after episode in the order they ended (``demo``: the
-    episode's index among its task's kept ones)."""
+    ``episodes`` finished ones) have ended; return ``{"obs": TensorDict [S] (a tensor [S, ...] where the env's
+    observation is one), "actions": [S, D], "task": [S], "demo": [S]}`` for the steps of the kept episodes, episode
+    after episode in the order they ended (``demo``: the episode's index among its task's kept ones)."""
     if (per_task is None) == (episodes is None):
         raise ValueError("record: give per_task or episodes")
     raw = env.unwrapped
@@ -101,7 +104,7 @@ def record(env, seed: int, per_task: int | None = None, episodes: int | None = N
             break
         kept[episode_id] = (len(kept), int(per[task_id]))
         per[task_id] += 1
-    obs = torch.stack([s[0] for s in steps]).reshape(-1)  # time-major: an episode's steps in order
+    obs = torch.stack([s[0] for s in steps]).flatten(0, 1)  # time-major: an episode's steps in order
     actions, task, episode = (torch.stack([s[i] for s in steps]).flatten(0, 1) for i in (1, 2, 3))
     lookup = torch.full((next_id,), -1, dtype=torch.long)
     demo = torch.full((next_id,), -1, dtype=torch.long)
@@ -122,8 +125,8 @@ def load_demos(path: str, k: int | None = None, flag: str = "--demos") -> tuple[
     try:
         data = torch.load(file, map_location="cpu", weights_only=True)
         meta, size = data["meta"], len(data["actions"])
-        samples = {"obs": TensorDict(data["obs"], batch_size=[size]), "actions": data["actions"],
-                   "task": data["task"], "demo": data["demo"]}  # fmt: skip
+        obs = data["obs"] if torch.is_tensor(data["obs"]) else TensorDict(data["obs"], batch_size=[size])
+        samples = {"obs": obs, "actions": data["actions"], "task": data["task"], "demo": data["demo"]}
     except Exception as e:  # noqa: BLE001 - any unreadable file is refused the same way
         fail(f"{flag} {path}: not a demonstrations file of examples/hf_vla/demos.py ({type(e).__name__})")
     if k is not None:
@@ -151,9 +154,8 @@ def main(args: Args) -> dict:
             "per_task": args.per_task, "task_names": names, "source": "examples/hf_vla/demos.py"}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save(
-        {**{k: v for k, v in samples.items() if k != "obs"}, "obs": samples["obs"].to_dict(), "meta": meta}, out
-    )
+    obs = samples["obs"] if torch.is_tensor(samples["obs"]) else samples["obs"].to_dict()  # (obs_mode "state")
+    atomic_save({**{k: v for k, v in samples.items() if k != "obs"}, "obs": obs, "meta": meta}, out)
     print(f"{out}: {len(samples['actions'])} samples, {args.per_task} episodes of each of {', '.join(names)}")
     return meta
 

@@ -55,7 +55,7 @@ from examples.hf_vla.pretrain import MARKER, load_resume, recorded_args
 
 REPORT = "fewshot.json"
 SAME_ENV = ("obs_mode", "image_size", "action_mode", "obs_cameras", "view_tasks")  # what the base was trained to see
-ENV_DEFAULTS = {"obs_cameras": ["top"], "view_tasks": None}
+ENV_DEFAULTS = {"obs_mode": "state", "obs_cameras": ["top"], "view_tasks": None}  # the PushCube envs' defaults
 
 
 @dataclass
