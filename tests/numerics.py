@@ -51,7 +51,7 @@ class Fingerprint:
     kind: str  # "trainer", "trainer-2ranks" or "env"
     target: str  # the script (cleanrl_embodied.<target>) or env id
     config: dict = field(default_factory=dict)
-    needs: str | None = None  # an extra the fingerprint needs ("vla"): skipped without it
+    needs: str | None = None  # an extra the fingerprint needs ("vla"), or "compile" (torch.compile): skipped without
 
     @property
     def golden(self) -> Path:
@@ -68,15 +68,20 @@ PRIVILEGED_PIXELS = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32, "pr
                                 "max_episode_steps": 10})  # fmt: skip
 TINY_VLA = json.dumps({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "patch_size": 8,
                        "action_stats": "env_bounds"})  # fmt: skip
+PENDULUM = dict(env_id="Pendulum-v1", num_envs=4, num_steps=100, total_timesteps=4 * 100 * 3, num_minibatches=4,
+                update_epochs=4, hidden_sizes=(32, 32), norm_obs=True, norm_reward=True, clip_vloss=True,
+                learning_rate=1e-2, gamma=0.99, gae_lambda=0.95, target_kl=None)  # fmt: skip
 
 FINGERPRINTS = {
     f.name: f
     for f in [
         # the classic trainers: Pendulum-v1 goes through the Gymnasium adapter that MuJoCo ids use too
-        Fingerprint("ppo_continuous", "trainer", "ppo_continuous", dict(
-            env_id="Pendulum-v1", num_envs=4, num_steps=100, total_timesteps=4 * 100 * 3, num_minibatches=4,
-            update_epochs=4, hidden_sizes=(32, 32), norm_obs=True, norm_reward=True, clip_vloss=True,
-            learning_rate=1e-2, gamma=0.99, gae_lambda=0.95, target_kl=None)),
+        Fingerprint("ppo_continuous", "trainer", "ppo_continuous", PENDULUM),
+        # ... and compiled (--compile on: torch.compile of the policy step, the loss, the clipping and Adam's step):
+        # inductor draws the sampled actions from its own random stream, so its numbers are not the eager ones (with
+        # eager's random draws they match: tests/test_numerics.py)
+        Fingerprint("ppo_continuous-compiled", "trainer", "ppo_continuous", dict(PENDULUM, compile="on"),
+                    needs="compile"),
         Fingerprint("ppo_continuous-pixels", "trainer", "ppo_continuous", dict(
             env_id="PushCubeRL", env_kwargs=PIXELS, eval_env_kwargs=PIXELS, num_envs=4, num_steps=16,
             total_timesteps=4 * 16 * 2, num_minibatches=2, update_epochs=2, num_eval_envs=2, num_eval_episodes=2)),
