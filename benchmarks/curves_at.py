@@ -32,6 +32,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import rlstats  # noqa: E402
 from benchlib import REPO, machine_info, md_table, read_scalars  # noqa: E402
 from recheck import command_of, last_step  # noqa: E402
 
@@ -95,49 +96,7 @@ def run_at(commit: str, run: dict, until_step: int) -> dict:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
 
 
-T_975 = [
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-]
-"""Student t's two-sided 95% quantile for 1..30 degrees of freedom (above 30: 1.96 is within 4%; 2.042 is used)."""
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    """mean(b) - mean(a) and the half-width of its 95% Welch t-interval (degrees of freedom rounded down)."""
-    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
-    diff = float(np.mean(b) - np.mean(a))
-    if va + vb == 0:
-        return diff, 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return diff, float(T_975[min(max(int(df + 1e-9), 1), 30) - 1] * np.sqrt(va + vb))
+welch = rlstats.welch  # the difference of two groups' means and its 95% Welch t-interval (exact quantile)
 
 
 def proxy(curves: dict, metric: str, until_step: int) -> float:

@@ -14,11 +14,18 @@ Precipice" (NeurIPS 2021), the method of the `rliable` package, written here in 
 
 Learning curves of different seeds are put on one x grid by linear interpolation (`align_curves`),
 and the band around the mean curve is a plain bootstrap over seeds at each x (`bootstrap_band`).
+
+Student t intervals (`t_interval` over seeds, `welch` for a difference of two groups) use the exact
+quantile of Student's t for any degrees of freedom, fractional ones included (`t_quantile`: bisection on
+its distribution function, the regularized incomplete beta function by its continued fraction), the one
+quantile every driver's interval takes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -117,3 +124,106 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (ddof=1; 0.0 for a single value)."""
     v = np.asarray(values, dtype=np.float64)
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes' betacf)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 100_000):
+        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            return h
+    raise ArithmeticError(f"the incomplete beta function's continued fraction did not converge (a={a}, b={b})")
+
+
+def _stirling_tail(z: float) -> float:
+    """lgamma(z) - ((z - 1/2) log z - z + log(2 pi) / 2), for z >= 100 (the series' next term is below 1e-18)."""
+    return 1 / (12 * z) - 1 / (360 * z**3) + 1 / (1260 * z**5)
+
+
+def _log_beta(a: float, b: float) -> float:
+    """log B(a, b). With the larger argument above 100, lgamma(a + b) - lgamma(a) is taken from Stirling's series as
+    a difference (two lgammas of 1e9 differ by what their rounding loses)."""
+    small, big = min(a, b), max(a, b)
+    if big < 100:
+        return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    rise = (big - 0.5) * math.log1p(small / big) + small * math.log(big + small) - small
+    return math.lgamma(small) - rise - _stirling_tail(big + small) + _stirling_tail(big)
+
+
+def regularized_beta(a: float, b: float, x: float, y: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, with `y` = 1 - x given (no cancellation near x = 1)."""
+    if x <= 0.0:
+        return 0.0
+    if y <= 0.0:
+        return 1.0
+    log_x, log_y = (math.log(x), math.log1p(-x)) if x < 0.5 else (math.log1p(-y), math.log(y))
+    front = math.exp(a * log_x + b * log_y - _log_beta(a, b))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, y) / b
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(T > t) for Student's t with `df` degrees of freedom, t >= 0: I_{df/(df+t^2)}(df/2, 1/2) / 2."""
+    return 0.5 * regularized_beta(df / 2.0, 0.5, df / (df + t * t), t * t / (df + t * t))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The `p` quantile of Student's t with `df` > 0 degrees of freedom (any real df; infinity: the normal's), to
+    about 1e-11: the t whose upper tail is 1 - p, found by bisection on `t_tail` (above 1e5 degrees of freedom,
+    the normal quantile plus four terms of the expansion in 1/df, whose rest is below 1e-20).
+    t_quantile(0.975, n - 1) is the 95% interval's multiplier of the standard error of a mean of n values."""
+    if not 0.0 < p < 1.0 or not df > 0.0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if df > 1e5:  # the continued fraction needs ~sqrt(df) steps; Fisher's expansion in 1/df is exact to rounding here
+        z = NormalDist().inv_cdf(p)
+        terms = ((z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+                 (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+                 (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)  # fmt: skip
+        return z + sum(g / df ** (i + 1) for i, g in enumerate(terms))  # Abramowitz & Stegun 26.7.5
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    tail = 1.0 - p
+    if tail == 0.5:
+        return 0.0
+    lo, hi = 0.0, 2.0
+    while t_tail(hi, df) > tail:
+        lo, hi = hi, 2.0 * hi
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            return hi
+        lo, hi = (mid, hi) if t_tail(mid, df) > tail else (lo, mid)
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of its `confidence` Student t interval: t(1 - alpha/2, n - 1) x std / sqrt(n)
+    (ddof=1). One value: half-width 0.0."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return float(v.mean()), 0.0
+    t = t_quantile(0.5 + confidence / 2.0, v.size - 1)
+    return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(v.size))
+
+
+def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """mean(b) - mean(a) and the half-width of its `confidence` Welch t interval (unequal variances; the
+    Welch-Satterthwaite degrees of freedom as they are, fractional). Each group needs 2 values or more."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("welch needs at least 2 values in each group")
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    diff = float(np.mean(b) - np.mean(a))
+    if va + vb == 0:
+        return diff, 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return diff, float(t_quantile(0.5 + confidence / 2.0, df) * math.sqrt(va + vb))

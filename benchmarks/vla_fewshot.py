@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import provenance
+import rlstats
 import tyro
 import vla_rl
 from benchlib import (
@@ -328,9 +329,9 @@ def goal_line(data: dict) -> str:
         if len(both) < 2:
             continue
         diff = [success(e, row, "train") - success(e, CONTROL, "train") for e in both]
-        half = vla_rl.T_975.get(len(diff) - 1, 1.96) * np.std(diff, ddof=1) / np.sqrt(len(diff))
-        met = np.mean(diff) >= 0.15 and np.mean(diff) - half > 0
-        parts.append(f"{ROWS[row][0]} - control {np.mean(diff):+.2f} ± {half:.2f} ({'met' if met else 'not met'})")
+        mean, half = rlstats.t_interval(diff)
+        met = mean >= 0.15 and mean - half > 0
+        parts.append(f"{ROWS[row][0]} - control {mean:+.2f} ± {half:.2f} ({'met' if met else 'not met'})")
     return "Goal (proprio+rgb, K = 1): " + "; ".join(parts) + "."
 
 

@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
+import rlstats
 import tyro
 from benchlib import (
     REPO,
@@ -59,7 +60,6 @@ FINAL_EVAL_KEY = (
     1000  # the paired final evaluation's seed stream: a spawn key no shared.random_streams.STREAMS entry uses
 )
 START_BAND = (0.2, 0.6)  # the partial starts the question is about
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # Student t, two-sided 95%
 
 # row -> (label, trainer, its extra flags); "dagger" is the control (examples/hf_vla/dagger.py)
 ROWS = {
@@ -340,11 +340,12 @@ def collect(args: Args) -> dict:
 
 
 def interval(values: list[float]) -> str:
-    """Mean and 95% t-interval half-width over seeds, e.g. "0.62 ± 0.09" (one value: the value alone)."""
+    """Mean and 95% t-interval half-width over seeds (`rlstats.t_interval`: Student's t with n - 1 degrees of freedom),
+    e.g. "0.62 ± 0.09" (one value: the value alone)."""
     v = np.asarray(values, dtype=float)
     if len(v) < 2:
         return f"{v.mean():.2f}" if len(v) else ""
-    half = T_975.get(len(v) - 1, 1.96) * v.std(ddof=1) / np.sqrt(len(v))
+    half = rlstats.t_interval(v)[1]
     return f"{v.mean():+.2f} ± {half:.2f}" if (v < 0).any() else f"{v.mean():.2f} ± {half:.2f}"
 
 
@@ -356,7 +357,7 @@ def signed(values: list[float]) -> str:
     mean = round(float(v.mean()), 2) + 0.0  # (+ 0.0: no negative zero)
     if len(v) < 2:
         return f"{mean:+.2f}"
-    half = T_975.get(len(v) - 1, 1.96) * v.std(ddof=1) / np.sqrt(len(v))
+    half = rlstats.t_interval(v)[1]
     return f"{mean:+.2f} ± {half:.2f}"
 
 

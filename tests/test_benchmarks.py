@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -103,6 +104,48 @@ def test_first_crossing():
     assert rlstats.first_crossing([10, 20, 30], [0.1, 0.9, 1.0], 0.9) == 20  # reaching it counts
     assert rlstats.first_crossing([10, 20, 30], [0.1, 0.5, 0.8], 0.9) is None
     assert rlstats.first_crossing([], [], 0.9) is None
+
+
+# ---- Student t: exact quantiles, the intervals of every driver ------------------------------------------
+def test_t_quantile_is_exact_for_any_degrees_of_freedom():
+    """The two-sided 95% quantile against published values (4 decimals) and the closed forms of 1 and 2 degrees of
+    freedom; symmetric; fractional degrees of freedom (Welch's) lie between their neighbours; infinity is the normal."""
+    for df, t in {1: 12.7062, 2: 4.3027, 3: 3.1824, 5: 2.5706, 7: 2.3646, 8: 2.3060, 9: 2.2622, 30: 2.0423,
+                  80: 1.9901, 120: 1.9799}.items():  # fmt: skip
+        assert round(rlstats.t_quantile(0.975, df), 4) == t, df
+    assert rlstats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)
+    assert rlstats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-12)
+    assert round(rlstats.t_quantile(0.995, 10), 4) == 3.1693 and round(rlstats.t_quantile(0.95, 4), 4) == 2.1318
+    assert rlstats.t_quantile(0.025, 8) == -rlstats.t_quantile(0.975, 8) and rlstats.t_quantile(0.5, 3) == 0.0
+    assert rlstats.t_quantile(0.975, 21) > rlstats.t_quantile(0.975, 21.7) > rlstats.t_quantile(0.975, 22)
+    assert rlstats.t_quantile(0.975, math.inf) == pytest.approx(1.959963985, rel=1e-9)
+    assert rlstats.t_quantile(0.975, 1e7) == pytest.approx(1.959964, rel=1e-6)
+    for bad in ((1.0, 3), (0.975, 0)):
+        with pytest.raises(ValueError):
+            rlstats.t_quantile(*bad)
+
+
+def test_t_intervals_of_nine_seeds_use_t_with_8_degrees_of_freedom():
+    """9 values: the half-width is t(0.975, 8) = 2.306 standard errors, not the normal's 1.96 (vla_rl's table stopped
+    at 7 degrees of freedom)."""
+    vla_rl = importlib.import_module("vla_rl")
+    values = [0.62, 0.55, 0.71, 0.48, 0.66, 0.59, 0.74, 0.52, 0.63]
+    se = np.std(values, ddof=1) / 3
+    mean, half = rlstats.t_interval(values)
+    assert mean == pytest.approx(np.mean(values)) and half == pytest.approx(2.306004 * se, rel=1e-6)
+    assert vla_rl.interval(values) == f"{np.mean(values):.2f} ± {2.306004 * se:.2f}" != f"0.61 ± {1.96 * se:.2f}"
+    assert vla_rl.signed(values) == f"+{np.mean(values):.2f} ± {2.306004 * se:.2f}"
+    assert rlstats.t_interval([0.4]) == (0.4, 0.0)
+
+
+def test_welch_interval_of_large_groups_uses_their_degrees_of_freedom():
+    """Two groups of 41 with equal variance: 80 degrees of freedom, t = 1.9901 (curves_at's table stopped at 30)."""
+    curves_at = importlib.import_module("curves_at")
+    a = [0.1 + 0.01 * i for i in range(41)]
+    b = [x + 0.2 for x in reversed(a)]
+    diff, half = curves_at.welch(a, b)
+    se = math.sqrt(2 * np.var(a, ddof=1) / 41)
+    assert diff == pytest.approx(0.2) and half == pytest.approx(1.990063 * se, rel=1e-6)
 
 
 # ---- tables from made-up runs ----------------------------------------------------------------------
@@ -699,7 +742,7 @@ def test_curves_at_welch_interval_is_students_for_equal_groups():
     curves_at = importlib.import_module("curves_at")
     a, b = [0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.4, 0.5, 0.6, 0.7]
     diff, half = curves_at.welch(a, b)
-    assert diff == pytest.approx(0.2) and half == pytest.approx(2.306 * (2 * 0.025 / 5) ** 0.5)
+    assert diff == pytest.approx(0.2) and half == pytest.approx(2.306004 * (2 * 0.025 / 5) ** 0.5)
 
 
 def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_running_them(tmp_path, capsys):
@@ -792,3 +835,21 @@ def test_vla_fewshot_report_pairs_rows_with_the_seeds_control_and_states_the_goa
     assert f"| {fs.vla_rl.signed(diff)} |" in grpo
     assert "start 0.25 (above 0.2)" in text and "GRPO - control +0.40 ± 0.00 (met)" in text
     assert "Not run: state+rgb K=1 seed 1 start" in text
+
+
+@needs("vla")
+def test_vla_fewshot_goal_uses_the_exact_t_interval_of_nine_seeds():
+    """Nine seeds whose RL - control difference is +0.20: with t(8) = 2.306 the interval reaches below 0 (not met);
+    the old table's 1.96 for 8 degrees of freedom would have called it met."""
+    fs = importlib.import_module("vla_fewshot")
+
+    def result(train):
+        return {"train": {"success_rate": train}, "heldout": {"success_rate": 0.0}}
+
+    diffs = [0.2 + d for d in (-0.43, 0.43, -0.2, 0.2, 0.0, -0.1, 0.1, -0.3, 0.3)]
+    seeds = {str(i): {"final_eval": {"start": result(0.3), "grpo": result(0.3 + d), "sft": result(0.3)}, "times": {},
+                      "curves": {}} for i, d in enumerate(diffs)}  # fmt: skip
+    data = {"cells": {"proprio+rgb K=1": {"mode": "proprio+rgb", "k": 1, "seeds": seeds}}, "rows": ["grpo", "sft"]}
+    se = np.std(diffs, ddof=1) / 3
+    assert 1.96 * se < 0.2 < 2.306 * se
+    assert f"GRPO - control +0.20 ± {2.306004 * se:.2f} (not met)" in fs.goal_line(data)
