@@ -8,8 +8,10 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,10 +19,12 @@ import numpy as np
 import pytest
 import tyro
 
+from tests.checks import exits_in_one_line
 from tests.extras import needs
 from tests.subprocesses import subprocess_env
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 rlstats = importlib.import_module("rlstats")
 benchlib = importlib.import_module("benchlib")
@@ -755,10 +759,11 @@ def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_runni
     (results / "runs.json").write_text(json.dumps({"runs": runs}))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True).stdout.strip()
     curve = {"charts/success_rate": [[100, 200, 300], [0.0, 0.5, 1.0]]}  # the proxy to step 200: 0.25
-    done = {f"{head}:{s}": {"curves": curve, "wall_s": 1.0} for s in (1, 2)}
+    done = [{**curves_at.run_key(head, r["seed"], "T", curves_at.folder_name(str(results)), r["command"], 200),
+             "curves": curve, "wall_s": 1.0} for r in runs]  # fmt: skip
     out = tmp_path / "out"
     out.mkdir()
-    (out / "curves.json").write_text(json.dumps(done))
+    (out / "curves.json").write_text(json.dumps({"form": 2, "runs": done}))
     args = curves_at.Args(results=str(results), task="T", commits=("HEAD",), seeds=(1, 2), until_step=200, out=str(out))
     curves_at.main(args)
     report = (out / "report.md").read_text()
@@ -775,6 +780,150 @@ def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_runni
         curves_at.main(curves_at.Args(**{**vars(args), "seeds": (1,), "pool": ("a=HEAD",)}))
     with pytest.raises(SystemExit, match="--task: .* has no run of 'U'"):
         curves_at.main(curves_at.Args(results=str(results), task="U", out=str(out)))
+
+
+def _published(folder: Path, tasks=("T",), seeds=(1, 2), flags: str = "") -> Path:
+    """A results folder whose runs.json has a run of each task and seed (1,000-step schedules)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer = "python cleanrl_embodied/ppo_continuous.py --total-timesteps 1000"
+    runs = [{"task": t, "seed": s, "command": f"{trainer}{flags} --seed {s} --output-dir runs/{t}_{s}"}
+            for t in tasks for s in seeds]  # fmt: skip
+    (folder / "runs.json").write_text(json.dumps({"runs": runs}))
+    return folder
+
+
+def _fake_runs(curves_at, monkeypatch) -> list:
+    """curves_at.run_at replaced: it records (task, seed, until_step) and returns a flat curve of 0.9 (task T) or
+    0.1 (task U)."""
+    ran = []
+
+    def run_at(commit, run, until_step):
+        ran.append((run["task"], run["seed"], until_step))
+        value = {"T": 0.9, "U": 0.1}[run["task"]]
+        return {"curves": {"charts/success_rate": [[100, 200, 300], [value] * 3]}, "wall_s": 1.0}
+
+    monkeypatch.setattr(curves_at, "run_at", run_at)
+    return ran
+
+
+def test_curves_at_runs_again_for_another_task_results_folder_budget_or_command(tmp_path, monkeypatch):
+    """A run in curves.json is reused only by the same commit, seed, task, results folder, command and --until-step;
+    the report names the schedules that were run."""
+    curves_at = importlib.import_module("curves_at")
+    ran = _fake_runs(curves_at, monkeypatch)
+    results, out = _published(tmp_path / "published", tasks=("T", "U")), tmp_path / "out"
+    args = curves_at.Args(results=str(results), task="T", seeds=(1, 2), until_step=200, jobs=1, out=str(out))
+    curves_at.main(args)
+    assert ran == [("T", 1, 200), ("T", 2, 200)]
+    report = (out / "report.md").read_text()
+    assert "**0.900**" in report and "(1,000-step schedules, stopped at 200)" in report and "512k" not in report
+    curves_at.main(args)  # the same runs: read, not run again
+    assert len(ran) == 2
+    curves_at.main(replace(args, task="U"))  # another task of the same folder
+    assert ran[2:] == [("U", 1, 200), ("U", 2, 200)] and "**0.100**" in (out / "report.md").read_text()
+    curves_at.main(replace(args, until_step=300))  # another step budget
+    assert ran[4:] == [("T", 1, 300), ("T", 2, 300)]
+    other = _published(tmp_path / "other")  # another results folder
+    curves_at.main(replace(args, results=str(other)))
+    assert ran[6:] == [("T", 1, 200), ("T", 2, 200)]
+    _published(results, tasks=("T", "U"), flags=" --learning-rate 1e-3")  # the folder's commands changed
+    curves_at.main(args)
+    assert ran[8:] == [("T", 1, 200), ("T", 2, 200)]
+    # every run is kept: with --no-run-missing the first ones are still read (the commands as they were)
+    _published(results, tasks=("T", "U"))
+    curves_at.main(replace(args, task="U", run_missing=False))
+    assert len(ran) == 10 and "| 0.100 | 0.100 | **0.100**" in (out / "report.md").read_text()
+    assert len(json.loads((out / "curves.json").read_text())["runs"]) == 10
+
+
+def test_curves_at_saves_curves_json_whole_or_not_at_all(tmp_path, monkeypatch):
+    """curves.json is written to a temp file and renamed over the old one after each run: a save that fails (here
+    the rename) leaves the previous file as it was, and no temp file."""
+    curves_at = importlib.import_module("curves_at")
+    _fake_runs(curves_at, monkeypatch)
+    out = tmp_path / "out"
+    args = curves_at.Args(results=str(_published(tmp_path / "p")), task="T", seeds=(1,), until_step=200, jobs=1,
+                          out=str(out))  # fmt: skip
+    curves_at.main(args)
+    before = (out / "curves.json").read_text()
+
+    def full_disk(*_):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="no space left"):
+        curves_at.main(replace(args, seeds=(1, 2)))
+    assert (out / "curves.json").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["curves.json", "provenance.json", "report.md"]
+
+
+def test_curves_at_reads_an_old_curves_json_as_the_runs_its_provenance_names(tmp_path, monkeypatch):
+    """A curves.json of the old form (keys `commit:seed`) is read as the runs of the task, results folder, commands
+    and --until-step its folder's provenance.json records, and of nothing else."""
+    curves_at = importlib.import_module("curves_at")
+    ran = _fake_runs(curves_at, monkeypatch)
+    results, out = _published(tmp_path / "published", tasks=("T", "U")), tmp_path / "out"
+    out.mkdir()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True).stdout.strip()
+    curve = {"charts/success_rate": [[100, 200, 300], [0.0, 0.5, 1.0]]}  # the proxy to step 200: 0.25
+    (out / "curves.json").write_text(json.dumps({f"{head}:{s}": {"curves": curve, "wall_s": 1.0} for s in (1, 2)}))
+    published = json.loads((results / "runs.json").read_text())["runs"]
+    command = f"uv run python benchmarks/curves_at.py --results {results} --task T --seeds 1 2 --until-step 200"
+    (out / "provenance.json").write_text(json.dumps({"command": command, "runs": [r["command"] for r in published
+                                                                                  if r["task"] == "T"]}))  # fmt: skip
+    args = curves_at.Args(results=str(results), task="T", seeds=(1, 2), until_step=200, jobs=1, out=str(out))
+    curves_at.main(args)
+    assert ran == [] and "| 0.250 | 0.250 | **0.250** ± 0.000 (n=2) |" in (out / "report.md").read_text()
+    curves_at.main(replace(args, task="U"))
+    assert ran == [("U", 1, 200), ("U", 2, 200)]
+    curves_at.main(replace(args, until_step=300))
+    assert ran[2:] == [("T", 1, 300), ("T", 2, 300)]
+    # without a provenance.json nothing says what the runs were: refused in one line
+    (out / "curves.json").write_text(json.dumps({f"{head}:1": {"curves": curve, "wall_s": 1.0}}))
+    (out / "provenance.json").unlink()
+    message = exits_in_one_line(lambda: curves_at.main(args))
+    assert message.startswith(f"error: --out {out}: its curves.json has runs keyed by commit and seed only"), message
+
+
+def test_curves_at_redraws_the_published_pixel_bisect_table_from_its_curves_json(tmp_path):
+    """docs/results/pixel-bisect-cpu: its curves.json, read with the command its provenance records, gives the
+    report's table again without running anything."""
+    curves_at = importlib.import_module("curves_at")
+    published = REPO / "docs/results/pixel-bisect-cpu"
+    command = shlex.split(json.loads((published / "provenance.json").read_text())["command"])
+    args = tyro.cli(curves_at.Args, args=command[command.index("benchmarks/curves_at.py") + 1 :])
+    (tmp_path / "curves.json").write_bytes((published / "curves.json").read_bytes())
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)  # --results is relative to the repository
+        curves_at.main(replace(args, out=str(tmp_path), run_missing=False))
+    finally:
+        os.chdir(cwd)
+
+    def table_rows(text):
+        return [line for line in text.splitlines() if line.startswith("| `") or line.startswith("| before")]
+
+    assert table_rows((tmp_path / "report.md").read_text()) == table_rows((published / "report.md").read_text())
+    assert len(table_rows((published / "report.md").read_text())) == 5
+
+
+def test_curves_at_names_a_mistyped_commit_or_a_command_without_seed_in_one_line(tmp_path, monkeypatch):
+    """Bad input stops before any run with `error: ...` naming the flag, not a traceback."""
+    curves_at = importlib.import_module("curves_at")
+    ran = _fake_runs(curves_at, monkeypatch)
+    results = _published(tmp_path / "p", seeds=(1,))
+    args = curves_at.Args(results=str(results), task="T", seeds=(1,), until_step=200, out=str(tmp_path / "out"))
+    message = exits_in_one_line(lambda: curves_at.main(replace(args, commits=("HEAD", "nope123"))))
+    assert message.startswith("error: --commits nope123: not a commit"), message
+    message = exits_in_one_line(lambda: curves_at.main(replace(args, pool=("a=HEAD,nope123",))))
+    assert message.startswith("error: --pool a=HEAD,nope123: nope123 is not a commit"), message
+    message = exits_in_one_line(lambda: curves_at.main(replace(args, pool=("HEAD",))))
+    assert message.startswith("error: --pool HEAD: not NAME=COMMIT,COMMIT"), message
+    runs = [{"task": "T", "seed": 1, "command": "python cleanrl_embodied/ppo_continuous.py --output-dir x"}]
+    (results / "runs.json").write_text(json.dumps({"runs": runs}))
+    message = exits_in_one_line(lambda: curves_at.main(replace(args, seeds=(1, 2))))
+    assert message.startswith("error: --seeds 2: ") and "has no --seed" in message, message
+    assert ran == []
 
 
 @needs("vla")
