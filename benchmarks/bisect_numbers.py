@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shlex
 import subprocess
 import sys
@@ -49,11 +50,30 @@ def git(*argv: str) -> str:
     return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def fingerprint(commit: str, command: str) -> str:
-    """A short hash of what `command` computes at `commit` (its logged scalars but the clock's and its final
-    parameters' sums), or "failed: <last line of its output>"."""
+def commit_of(name: str, flag: str) -> str:
+    """The full hash of the commit `name` (anything `git rev-parse` takes); one line naming `flag` if it is none."""
+    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"error: {flag} {name}: not a commit (`git rev-parse {name}` names none in {REPO})")
+    return proc.stdout.strip()
+
+
+def parameter_sums(ckpt: Path) -> list[tuple[float, float]]:
+    """The sum and the absolute sum of every floating-point tensor of a checkpoint's "model", sorted. Read with
+    torch.load(weights_only=True): a file that holds more than tensors and plain values (a pickle that could run
+    code) raises pickle.UnpicklingError and runs nothing."""
     import torch
 
+    model = torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
+    return sorted(
+        (float(t.double().sum()), float(t.double().abs().sum())) for t in model.values() if t.is_floating_point()
+    )
+
+
+def fingerprint(commit: str, command: str) -> str:
+    """A short hash of what `command` computes at `commit` (its logged scalars but the clock's and its final
+    parameters' sums), or "failed: <last line of its output>" (or why its last.pt could not be read)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree, out = Path(tmp) / "tree", Path(tmp) / "out"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, capture_output=True)
@@ -69,12 +89,11 @@ def fingerprint(commit: str, command: str) -> str:
             scalars = {k: v for k, v in read_scalars(runs[0]).items() if k != "charts/SPS"}
             params = []
             for ckpt in sorted(runs[0].rglob("last.pt")):
-                model = torch.load(ckpt, weights_only=False)["model"]
-                params = sorted(
-                    (float(t.double().sum()), float(t.double().abs().sum()))
-                    for t in model.values()
-                    if t.is_floating_point()
-                )
+                try:
+                    params = parameter_sums(ckpt)
+                except pickle.UnpicklingError as e:
+                    reason = str(e).strip().splitlines()[0][:160]
+                    return f"failed: {ckpt.name} refused by torch.load(weights_only=True) (not only tensors): {reason}"
             blob = json.dumps({"scalars": scalars, "params": params}, sort_keys=True)
             return hashlib.sha256(blob.encode()).hexdigest()[:12]
         finally:
@@ -104,8 +123,13 @@ def change_points(at, n: int) -> list[int]:
 def main(args: Args) -> list[str]:
     if not args.command.startswith("python "):
         sys.exit(f"error: --command must start with 'python ' (a trainer command), got {args.command!r}")
-    span = git("rev-list", "--first-parent", "--reverse", f"{args.good}..{args.bad}").split()
-    commits = [git("rev-parse", args.good), *span]
+    try:
+        shlex.split(args.command)
+    except ValueError as e:
+        sys.exit(f"error: --command: {e} (a command as typed in a shell): {args.command!r}")
+    good, bad = commit_of(args.good, "--good"), commit_of(args.bad, "--bad")
+    span = git("rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()
+    commits = [good, *span]
     seen: dict[int, str] = {}
 
     def at(i: int) -> str:

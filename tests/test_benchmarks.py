@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 import re
 import shlex
 import subprocess
@@ -22,6 +23,7 @@ import tyro
 from tests.checks import exits_in_one_line
 from tests.extras import needs
 from tests.subprocesses import subprocess_env
+from tests.trainer_args import TWO_SAVED_ITERATIONS, tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -924,6 +926,55 @@ def test_curves_at_names_a_mistyped_commit_or_a_command_without_seed_in_one_line
     message = exits_in_one_line(lambda: curves_at.main(replace(args, seeds=(1, 2))))
     assert message.startswith("error: --seeds 2: ") and "has no --seed" in message, message
     assert ran == []
+
+
+def test_bisect_numbers_names_a_mistyped_commit_in_one_line(tmp_path):
+    bisect = importlib.import_module("bisect_numbers")
+    command = "python cleanrl_embodied/ppo_continuous.py --seed 1"
+    for flag, args in (("--good", bisect.Args(good="nope123", command=command)),
+                       ("--bad", bisect.Args(good="HEAD", bad="nope123", command=command))):  # fmt: skip
+        message = exits_in_one_line(lambda args=args: bisect.main(args))
+        assert message.startswith(f"error: {flag} nope123: not a commit"), message
+    message = exits_in_one_line(lambda: bisect.main(bisect.Args(good="HEAD", command="python x.py --seed '1")))
+    assert message.startswith("error: --command: "), message
+    proc = subprocess.run([sys.executable, str(BENCH / "bisect_numbers.py"), "--good", "nope123", "--command", command],
+                          capture_output=True, text=True, env=subprocess_env())  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: --good nope123: not a commit") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_bisect_numbers_reads_a_trainer_checkpoint_and_refuses_a_pickle_that_would_run_code(tmp_path):
+    """Parameters are read with torch.load(weights_only=True): a trainer's last.pt is read; a last.pt whose
+    unpickling would call os.system makes that commit's fingerprint `failed: ...` and runs nothing."""
+    import torch
+
+    from cleanrl_embodied import ppo_continuous
+
+    bisect = importlib.import_module("bisect_numbers")
+    out = ppo_continuous.main(tiny_args("ppo_continuous", tmp_path / "run", TWO_SAVED_ITERATIONS))
+    sums = bisect.parameter_sums(Path(out["run_dir"]) / "checkpoints" / "last.pt")
+    assert len(sums) >= 4 and all(len(s) == 2 for s in sums) and any(s[1] > 0 for s in sums)
+    marker = tmp_path / "code_ran"
+    torch.save({"model": {"w": torch.ones(2)}, "extra": _RunsCode(marker)}, tmp_path / "last.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        bisect.parameter_sums(tmp_path / "last.pt")
+    assert not marker.exists()
+    # the same through a whole fingerprint: a command that logs a scalar and plants such a last.pt (at HEAD)
+    code = f"""import os, sys, torch
+from torch.utils.tensorboard import SummaryWriter
+out = sys.argv[sys.argv.index("--output-dir") + 1]
+writer = SummaryWriter(out)
+writer.add_scalar("losses/x", 1.0, 0)
+writer.close()
+os.makedirs(out + "/checkpoints")
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+torch.save({{"model": {{"w": torch.ones(2)}}, "extra": RunsCode()}}, out + "/checkpoints/last.pt")
+"""
+    printed = bisect.fingerprint("HEAD", f"python -c {shlex.quote(code)}")
+    assert printed.startswith("failed: ") and "weights_only" in printed and "\n" not in printed, printed
+    assert not marker.exists()
 
 
 @needs("vla")
