@@ -96,8 +96,9 @@ def versions() -> dict[str, Any]:
     ``git_sha`` is ``git rev-parse HEAD`` of the repository holding this package (None when the
     package is not in a git checkout or git is missing); ``git_dirty`` says whether the code differs
     from that commit: changed files, or untracked Python files that .gitignore does not name (None
-    when unknown; untracked outputs, such as a report being written, do not count). The trainer file's own state is in summary.json's ``trainer`` (shared.trainer_file).
-    Never raises; computed once per process.
+    when unknown; untracked outputs, such as a report being written, do not count). The trainer
+    file's own state is in summary.json's ``trainer`` (shared.trainer_file). Never raises; computed
+    once per process.
     """
     try:
         return dict(_versions_cached())
