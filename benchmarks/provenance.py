@@ -45,15 +45,17 @@ SCRIPT_FINGERPRINTS = {
     "grpo_vla": ["grpo_vla"],
     "ppo_vla_async": ["ppo_vla_async"],
     "ppo_vla_ddp": ["ppo_vla_ddp"],
-    "bc": ["hf_vla"],
-    "dagger": ["hf_vla"],
-    "pretrain": ["hf_vla"],
-    "demos": ["env-PushCubeLangRL"],
-    "fewshot": ["hf_vla"],
+    # examples/hf_vla's scripts: the policy, and PushCubeLangRL with images (and the diagonal tasks and view_tasks of
+    # pretrain.py, demos.py and fewshot.py) driven by its scripted expert or the policy
+    "bc": ["hf_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
+    "dagger": ["hf_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
+    "pretrain": ["hf_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
+    "demos": ["env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
+    "fewshot": ["hf_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
     # benchmark drivers: what the runs they start depend on
     "run": [],  # its runs' own commands are recorded
-    "vla_rl": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL"],
-    "vla_fewshot": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL"],
+    "vla_rl": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
+    "vla_fewshot": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
     "vs_cleanrl": ["ppo_continuous"],
     "speed": ["ppo_continuous", "env-PushCubeRL"],
     "update_vs": ["ppo_continuous"],
@@ -72,6 +74,9 @@ PIXEL_FINGERPRINTS = {"ppo_continuous": "ppo_continuous-pixels", "ppo_recurrent"
 """The fingerprint of a trainer's image path (its encoder), for runs whose env observes images."""
 IMAGE_OBS_MODES = ("rgb", "proprio+rgb", "state+rgb")  # PushCubeRL's (shared/envs/push_cube/options.py)
 DROPOUT_FINGERPRINT = "env-PushCubeRL-dropout"  # PushCubeRL's sensor dropout (env kwarg dropout_sensor)
+LANG_FINGERPRINT = "env-PushCubeLangRL-fewshot"
+"""PushCubeLangRL with images, the diagonal tasks and view_tasks (the published VLA runs' env), driven by the expert"""
+LANG_OPTIONS = ("tasks", "view_tasks", "obs_cameras", "image_size")  # (or an image obs_mode) for LANG_FINGERPRINT
 HF_VLA_FINGERPRINT = "hf_vla"  # the policy of examples/hf_vla (--policy examples.hf_vla:make_policy)
 
 
@@ -127,8 +132,9 @@ def depends_on(command: str) -> list[str]:
     """The fingerprints a command's numbers depend on. The command is split as the shell splits it, its script is
     the first `.py` argument, and its flags are read as the script's CLI reads them over the trainer's defaults
     (`script_defaults`): the script's fingerprints (`SCRIPT_FINGERPRINTS`), its env's (with the sensor dropout's
-    where its env kwargs or eval env kwargs turn it on), the trainer's image path where the env observes images, and
-    examples/hf_vla's where the policy is that package's."""
+    where its env kwargs or eval env kwargs turn it on, and PushCubeLangRL's images and tasks where they name them),
+    the trainer's image path where the env observes images, and examples/hf_vla's where the policy is that
+    package's."""
     tokens = shlex.split(command)
     at = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
     if at is None:
@@ -144,6 +150,8 @@ def depends_on(command: str) -> list[str]:
             names.add(ENV_FINGERPRINTS[env_id])
             if kwargs.get("dropout_sensor"):
                 names.add(DROPOUT_FINGERPRINT)
+            if env_id == "PushCubeLangRL" and (images or any(k in kwargs for k in LANG_OPTIONS)):
+                names.add(LANG_FINGERPRINT)
         if images and script in PIXEL_FINGERPRINTS:
             names.add(PIXEL_FINGERPRINTS[script])
     if str(args.get("policy") or "").startswith("examples.hf_vla"):

@@ -66,6 +66,9 @@ LANG = dict(env_id="PushCubeLangRL", policy="toy_policies:ToyVLA", num_envs=8, n
 PIXELS = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32, "obs_cameras": ["top", "wrist"]})
 PRIVILEGED_PIXELS = json.dumps({"obs_mode": "proprio+rgb", "image_size": 32, "privileged_state": True,
                                 "max_episode_steps": 10})  # fmt: skip
+FEWSHOT_TARGET = {"obs_mode": "proprio+rgb", "image_size": 64, "action_mode": "ee_delta_pos",
+                  "tasks": ["forward_right", "back_left"],
+                  "view_tasks": ["forward", "left", "back", "right"]}  # fmt: skip
 TINY_VLA = json.dumps({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "patch_size": 8,
                        "action_stats": "env_bounds"})  # fmt: skip
 PENDULUM = dict(env_id="Pendulum-v1", num_envs=4, num_steps=100, total_timesteps=4 * 100 * 3, num_minibatches=4,
@@ -124,6 +127,16 @@ FINGERPRINTS = {
         Fingerprint("env-PushCubeRL-dropout", "env", "PushCubeRL", dict(variants=[
             {"dropout_sensor": "cube", "dropout_rate": 0.2},
             {"obs_mode": "proprio+rgb", "image_size": 16, "dropout_sensor": "camera", "dropout_rate": 0.2}])),
+        # PushCubeLangRL as the published VLA runs use it (docs/results/vla-fewshot-cpu): the few-shot target (the
+        # diagonal tasks forward_right and back_left through the four tasks' camera window, view_tasks) with a 0/1
+        # success reward on proprio+rgb and with the held-out paraphrases on state+rgb, and the pretraining's
+        # corpus env (the other diagonals, both cameras); 64x64 images, the TCP's motion as the action; driven by the
+        # scripted expert (with noise), as demos.py and pretrain.py drive it, so that episodes reach their goals
+        Fingerprint("env-PushCubeLangRL-fewshot", "env", "PushCubeLangRL", dict(actions="expert", variants=[
+            {**FEWSHOT_TARGET, "reward_weights": {"reach": 0, "place": 0, "time": 0, "success": 1}},
+            {**FEWSHOT_TARGET, "obs_mode": "state+rgb", "instructions": "heldout"},
+            {**FEWSHOT_TARGET, "tasks": ["forward", "left", "back", "right", "forward_left", "back_right"],
+             "obs_cameras": ["top", "wrist"]}])),
     ]
 }  # fmt: skip
 
@@ -180,11 +193,20 @@ def run_trainer(fp: Fingerprint, **overrides) -> dict:
         return trainer_record(run_dir)
 
 
+EXPERT_NOISE = 0.3
+"""Half-width of the uniform noise on the expert's actions (actions="expert"): episodes still succeed, by other
+paths."""
+
+
 def run_env(fp: Fingerprint, steps: int = 60, num_envs: int = 6, **env_overrides) -> dict:
-    """Step each variant of the env with uniform random actions in [-1, 1] from a fixed generator (seed 0). Per step:
-    the sum and sum of squares of every observation entry and of the final observations, the reward's, each reward
-    term's, and the counts of terminations, truncations and successes; per finished episode its return and success."""
+    """Step each variant of the env with uniform random actions in [-1, 1] from a fixed generator (seed 0), or, with
+    `actions="expert"` in the fingerprint's config, with the scripted expert's actions plus EXPERT_NOISE times those
+    (episodes that push the cube to its goal: what a task's direction decides shows in the cube's path and in the
+    successes). Per step: the sum and sum of squares of every observation entry and of the final observations, the
+    reward's, each reward term's, and the counts of terminations, truncations and successes; per finished episode
+    its return and success."""
     from cleanrl_embodied import shared
+    from cleanrl_embodied.shared.envs.push_cube import expert_action
 
     record = {}
     threads = torch.get_num_threads()
@@ -198,6 +220,8 @@ def run_env(fp: Fingerprint, steps: int = 60, num_envs: int = 6, **env_overrides
             shape = env.single_action_space.shape
             for _ in range(steps):
                 action = torch.rand((num_envs, *shape), generator=gen) * 2 - 1
+                if fp.config.get("actions") == "expert":
+                    action = (expert_action(env) + EXPERT_NOISE * action).clamp(-1, 1)
                 obs, reward, terminated, truncated, info = env.step(action)
                 success = info.get("success", terminated)
                 row = {"obs": _obs_sums(obs), "reward": _sums(reward),

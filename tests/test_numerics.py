@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests import numerics
+from tests.extras import needs
 from tests.numerics import FINGERPRINTS, REGENERATE, first_difference, run_env, run_trainer, run_two_ranks, write_golden
 
 pytestmark = pytest.mark.numerics
@@ -143,6 +144,35 @@ def test_a_reward_weight_10_percent_off_fails():
     weights = {"reach": DEFAULT_REWARD_WEIGHTS["reach"] * 1.1}
     found = _fails("env-PushCubeRL", run_env(FINGERPRINTS["env-PushCubeRL"], reward_weights=weights))
     assert found.startswith("variant0 reward[0] at step 1:"), found  # the first step's reward already moves
+
+
+def test_the_few_shot_targets_direction_moved_fails(monkeypatch):
+    """forward_right, the few-shot VLA experiment's target, pushed 10% of its angle off (-45 -> -49.5 degrees) moves
+    env-PushCubeLangRL-fewshot's record at its first step; env-PushCubeLangRL's (the four default tasks, which never
+    draw it) stays as it is, which is why the diagonals have a fingerprint of their own."""
+    import math
+
+    from cleanrl_embodied.shared.envs.push_cube import options
+
+    angle, words = options.TASKS["forward_right"]
+    monkeypatch.setitem(options.TASKS, "forward_right", (angle * 1.1, words))
+    assert angle == -0.25 * math.pi
+    found = _fails("env-PushCubeLangRL-fewshot", run_env(FINGERPRINTS["env-PushCubeLangRL-fewshot"]))
+    assert found.startswith("variant0 obs[6] at step 1:"), found  # the arm's state: the expert heads elsewhere
+    check("env-PushCubeLangRL", run_env(FINGERPRINTS["env-PushCubeLangRL"]), update=False)
+
+
+@needs("vla")
+def test_the_few_shot_fingerprint_steps_the_experiments_envs():
+    """Its variants are the env of demos.py's target (the RL runs add the 0/1 reward, the evaluation the held-out
+    paraphrases) and of pretrain.py's corpus, as they are today."""
+    from examples.hf_vla import demos, pretrain
+
+    target, heldout, corpus = FINGERPRINTS["env-PushCubeLangRL-fewshot"].config["variants"]
+    assert numerics.FEWSHOT_TARGET == demos.TARGET_ENV
+    assert corpus["tasks"] == list(pretrain.PRETRAIN_TASKS) and corpus["view_tasks"] == list(pretrain.LANG_TASKS)
+    assert corpus["obs_cameras"] == list(pretrain.LAYOUTS["proprio_rgb_wrist"][1])
+    assert heldout["obs_mode"] == "state+rgb" and target["reward_weights"]["success"] == 1
 
 
 def test_the_group_advantage_scale_10_percent_off_fails(monkeypatch):

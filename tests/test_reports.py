@@ -209,7 +209,7 @@ def test_a_figure_quoted_through_a_link_to_its_docs_section_says_stale(tmp_path,
 def test_the_fingerprint_names_reports_depend_on_exist():
     named = {n for names in provenance.SCRIPT_FINGERPRINTS.values() for n in names}
     named |= set(provenance.ENV_FINGERPRINTS.values()) | set(provenance.PIXEL_FINGERPRINTS.values())
-    named |= {provenance.DROPOUT_FINGERPRINT, provenance.HF_VLA_FINGERPRINT}
+    named |= {provenance.DROPOUT_FINGERPRINT, provenance.HF_VLA_FINGERPRINT, provenance.LANG_FINGERPRINT}
     assert named <= set(FINGERPRINTS), named - set(FINGERPRINTS)
 
 
@@ -235,6 +235,24 @@ def test_depends_on_reads_a_vla_trainers_default_policy():
     assert "hf_vla" in provenance.depends_on(command)
     toy = "python cleanrl_embodied/ppo_vla.py --env-id PushCubeLangRL --policy toy_policies:ToyVLA"
     assert provenance.depends_on(toy) == ["env-PushCubeLangRL", "ppo_vla"]
+
+
+def test_depends_on_reads_the_few_shot_targets_tasks_and_images():
+    """The few-shot VLA runs' env (the diagonal tasks, view_tasks, 64x64 images) has its own fingerprint; the default
+    tasks' state mode does not use it."""
+    target = json.dumps({"obs_mode": "proprio+rgb", "image_size": 64, "tasks": ["forward_right", "back_left"],
+                         "view_tasks": ["forward", "left", "back", "right"]})  # fmt: skip
+    command = f"python cleanrl_embodied/grpo_vla.py --env-id PushCubeLangRL --env-kwargs '{target}'"
+    assert provenance.depends_on(command) == ["env-PushCubeLangRL", "env-PushCubeLangRL-fewshot", "grpo_vla", "hf_vla"]
+    tasks_only = (
+        'python cleanrl_embodied/ppo_continuous.py --env-id PushCubeLangRL --env-kwargs \'{"tasks": ["back_left"]}\''
+    )
+    assert "env-PushCubeLangRL-fewshot" in provenance.depends_on(tasks_only)
+    assert provenance.depends_on("python cleanrl_embodied/ppo_continuous.py --env-id PushCubeLangRL") == [
+        "env-PushCubeLangRL",
+        "ppo_continuous",
+    ]
+    assert "env-PushCubeLangRL-fewshot" in provenance.depends_on("python examples/hf_vla/demos.py --seed 1")
 
 
 def test_depends_on_reads_a_flag_with_an_equals_sign():
