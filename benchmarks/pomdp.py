@@ -577,7 +577,8 @@ def main(args: Args) -> dict | list[RunSpec]:
     data.update(total_s=round(time.time() - start, 1), finished=time.time(),
                 load_avg_end=machine_info()["load_avg_1_5_15"])  # fmt: skip
     write_outputs(data, out, args.results_md)
-    provenance.record(out, command, [r["command"] for r in data["runs"]], data["machine"], data["git"])
+    run_git = provenance.commits_of(data["runs"], data["git"])  # each trainer's own
+    provenance.record(out, command, [r["command"] for r in data["runs"]], data["machine"], data["git"], run_git)
     return data
 
 

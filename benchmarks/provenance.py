@@ -1,17 +1,20 @@
 """Where every published figure comes from, and whether the code still computes what it measured.
 
-Each report folder under docs/results/ holds a `provenance.json`: the commit and date it was measured at, the machine,
-the one command that measures it again, the exact command of each run, and the numeric fingerprints it depends on
-(tests/numerics.py), each with the digest of its golden file at the time. When a golden file changes (the code now
-computes other numbers), the reports that depend on it are stale until they are measured again:
+Each report folder under docs/results/ holds a `provenance.json`: the date and machine, the one command that measures
+it again, the exact command of each run, and the code each run ran: `runs_at` groups the runs by the commit each
+started from, with the digest of each numeric fingerprint (tests/numerics.py) its runs depend on as the golden file of
+that commit holds it (`commit` and `fingerprints`: the commit the report was written at and its digests; alone, in an
+older file, they stand for every run). A report is stale when a recorded digest is not today's, when a run's commit is
+unknown, or when a run depends on a fingerprint the report holds no digest of, until it is measured again:
 
-    uv run python benchmarks/provenance.py                  # every report: fresh, or which fingerprints moved
+    uv run python benchmarks/provenance.py                  # every report: fresh, or why it is stale
     uv run python benchmarks/provenance.py --mark-stale     # mark those reports stale (provenance.json and a banner
                                                             #   at the top of the report); then mark the docs' quotes
 
 A stale report stays published, with its banner, until its command is run again; every paragraph of README.md and
-docs/ that links to it must say "stale" (tests/test_reports.py checks it, and that every linked report exists and
-names a commit of this repository). docs/benchmarks.md describes the rules.
+docs/ that quotes it (links its folder or its section of docs/benchmarks.md) must say "stale" (tests/test_reports.py
+checks it, and that every linked report exists and names a commit of this repository). docs/benchmarks.md describes
+the rules.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ SCRIPT_FINGERPRINTS = {
     "vla_rl": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
     "vla_fewshot": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
     "vs_cleanrl": ["ppo_continuous"],
+    "vs_mjlab": ["ppo_continuous"],  # mjlab's tasks have no fingerprint (the extra is not in the numerics tests' env)
     "speed": ["ppo_continuous", "env-PushCubeRL"],
     "update_vs": ["ppo_continuous"],
     "async_speed": ["ppo_vla_async"],
@@ -159,13 +163,25 @@ def depends_on(command: str) -> list[str]:
     return sorted(names)
 
 
-def golden_digest(name: str) -> str | None:
-    """A short hash of the numbers in a fingerprint's golden file (None when it has none)."""
-    path = GOLDEN_DIR / f"{name}.json"
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())["record"]
+def _digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def golden_digest(name: str) -> str | None:
+    """A short hash of the numbers in a fingerprint's golden file today, on disk (None when it has none)."""
+    path = GOLDEN_DIR / f"{name}.json"
+    return _digest(json.loads(path.read_text())["record"]) if path.is_file() else None
+
+
+@functools.cache
+def digest_at(commit: str | None, name: str) -> str | None:
+    """The same hash of the golden file as commit `commit` holds it (`git show <commit>:tests/golden/<name>.json`;
+    None when that commit has no such file, or the commit is unknown)."""
+    if not commit:
+        return None
+    path = f"{commit}:{GOLDEN_DIR.relative_to(REPO).as_posix()}/{name}.json"
+    shown = subprocess.run(["git", "show", path], cwd=REPO, capture_output=True, text=True)
+    return _digest(json.loads(shown.stdout)["record"]) if shown.returncode == 0 else None
 
 
 def git_commit() -> tuple[str, bool]:
@@ -175,15 +191,45 @@ def git_commit() -> tuple[str, bool]:
     return sha, dirty
 
 
+def _depends(command: str) -> list[str]:
+    try:
+        return depends_on(command)
+    except ValueError:  # (a command the shell cannot split: an old record's typo)
+        return []
+
+
 def record(
-    out_dir: Path, command: str, runs: list[str] | None = None, machine: dict | None = None, git: dict | None = None
+    out_dir: Path,
+    command: str,
+    runs: list[str] | None = None,
+    machine: dict | None = None,
+    git: dict | None = None,
+    run_git: list[dict | None] | None = None,
 ) -> dict:
-    """Write `out_dir`/provenance.json for a report measured now, by `command` (the command that measures it again),
+    """Write `out_dir`/provenance.json for a report written now, by `command` (the command that measures it again),
     from the runs `runs` (exact commands; default: `command` alone), on `machine` (`machine_info()`), at the commit
-    `git` ({"git_sha", "git_dirty"} as taken when the runs started; default: HEAD now)."""
+    `git` ({"git_sha", "git_dirty"} as taken when the driver started; default: HEAD now).
+
+    `run_git`: each run's commit as the run recorded it ({"git_sha", "git_dirty"}: a trainer's summary.json
+    `versions`, a run's time file), None where it is not known; default: every run at `git`. The runs are grouped by
+    commit in `runs_at`, each group with the digests of what its runs depend on as the golden files of its commit
+    hold them (`digest_at`); `fingerprints` holds those of everything the report depends on at `git`'s commit. None
+    of it reads the golden files on disk: a report written after its runs (--report-only) is judged by the code its
+    runs ran, whatever the tree holds when it is written."""
     sha, dirty = (git["git_sha"], git["git_dirty"]) if git else git_commit()
     runs = runs or [command]
-    names = sorted({n for c in [command, *runs] for n in depends_on(c)})
+    run_git = run_git if run_git is not None else [{"git_sha": sha, "git_dirty": dirty}] * len(runs)
+    if len(run_git) != len(runs):
+        raise ValueError(f"run_git: {len(run_git)} commits for {len(runs)} runs")
+    groups: dict[tuple, list[int]] = {}
+    for i, at in enumerate(run_git):
+        groups.setdefault(((at or {}).get("git_sha") or None, (at or {}).get("git_dirty")), []).append(i)
+    runs_at = []
+    for (commit, commit_dirty), indices in groups.items():
+        names = sorted({n for i in indices for n in _depends(runs[i])})
+        runs_at.append({"commit": commit, "dirty": commit_dirty, "runs": indices,
+                        "fingerprints": {name: digest_at(commit, name) for name in names}})  # fmt: skip
+    names = sorted({n for c in [command, *runs] for n in _depends(c)})
     body = {
         "commit": sha,
         "dirty": dirty,
@@ -191,7 +237,8 @@ def record(
         "machine": describe_machine(machine or machine_info()),
         "command": command,
         "runs": runs,
-        "fingerprints": {name: golden_digest(name) for name in names},
+        "fingerprints": {name: digest_at(sha, name) for name in names},
+        "runs_at": runs_at,
         "stale": None,
     }
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -199,17 +246,64 @@ def record(
     return body
 
 
+def commits_of(run_records: list[dict], default: dict) -> list[dict]:
+    """Each run record's commit as its trainer wrote it (the `versions` of its summary.json: git_sha, git_dirty), or
+    `default` for a record without one (a failed run, or another project's: run by this invocation, at its commit)."""
+    return [(r.get("summary") or {}).get("versions") or default for r in run_records]
+
+
 def load(report: Path) -> dict:
     return json.loads((report / FILE).read_text())
 
 
+def run_groups(prov: dict) -> list[dict]:
+    """The report's runs by the commit they ran at: `runs_at` ({"commit", "runs": [indices], "fingerprints"}); an
+    older provenance.json, which has none, is one group: its commit and digests stand for all its runs."""
+    if "runs_at" in prov:
+        return prov["runs_at"]
+    return [{"commit": prov["commit"], "runs": list(range(len(prov["runs"]))), "fingerprints": prov["fingerprints"]}]
+
+
 def why_stale(prov: dict) -> str | None:
-    """Why the code no longer computes what the report measured (None when it still does): the fingerprints whose
-    golden numbers moved, or that it predates the fingerprints (`"fingerprints": null`)."""
+    """Why the code no longer computes what the report measured (None when it still does): it predates the
+    fingerprints (`"fingerprints": null`); or the golden numbers of a fingerprint its runs (or its command) depend on
+    differ today from the digest recorded for them (that of the golden file at the runs' commit); or some ran at an
+    unknown commit; or they depend on a fingerprint it holds no digest of (one added since, not yet verified)."""
     if prov["fingerprints"] is None:
         return "measured before the numeric fingerprints existed, by code whose numbers have changed since"
-    moved = [name for name, digest in prov["fingerprints"].items() if golden_digest(name) != digest]
-    return f"the numbers of {', '.join(moved)} have changed since (tests/numerics.py)" if moved else None
+    moved: dict[str, set[str]] = {}  # name -> the commits of the runs whose digest differs ("" for the report's)
+    absent: dict[str, set[str]] = {}  # name -> the commits of the runs that had no golden file of it
+    unknown: set[str] = set()
+    missing: set[str] = set()
+    command = {"commit": prov["commit"], "runs": [], "fingerprints": prov["fingerprints"], "own": True}
+    for group in [command, *(run_groups(prov) if "runs_at" in prov else [])]:
+        needs = {n for i in group["runs"] for n in _depends(prov["runs"][i])}
+        if group.get("own"):
+            needs |= set(_depends(prov["command"]))
+            if "runs_at" not in prov:  # (an older file: its digests stand for all its runs)
+                needs |= {n for run in prov["runs"] for n in _depends(run)}
+        if group["runs"] and not group["commit"]:
+            unknown |= set(group["fingerprints"])
+            continue
+        for name, digest in group["fingerprints"].items():
+            if golden_digest(name) != digest:
+                at = moved if digest is not None else absent
+                at.setdefault(name, set()).add("" if group.get("own") else group["commit"][:7])
+        missing |= needs - set(group["fingerprints"])
+    parts = []
+    if moved:
+        named = [name + (f" (its runs at {', '.join(sorted(c for c in at if c))})" if any(at) else "")
+                 for name, at in sorted(moved.items())]  # fmt: skip
+        parts.append(f"the numbers of {', '.join(named)} have changed since (tests/numerics.py)")
+    if absent:
+        commits = sorted({c or "the report's commit" for at in absent.values() for c in at})
+        parts.append(f"{', '.join(sorted(absent))}: no golden file at {', '.join(commits)}, where its runs ran")
+    if unknown:
+        parts.append(f"runs depending on {', '.join(sorted(unknown))} ran at an unknown commit")
+    if missing:
+        parts.append(f"its runs depend on {', '.join(sorted(missing))}, which it holds no digest of (verify the runs' "
+                     "commits compute what today's golden files hold, or measure it again)")  # fmt: skip
+    return "; ".join(parts) or None
 
 
 def report_markdown(report: Path) -> Path | None:
@@ -262,7 +356,9 @@ def main() -> int:
             if mark:
                 mark_stale(report, why)
         else:
-            rows.append((report.name, f"fresh (commit {prov['commit'][:10]}, {prov['date']})"))
+            at = sorted({g["commit"][:7] for g in run_groups(prov) if g["commit"] and g["commit"] != prov["commit"]})
+            runs = f"; runs also at {', '.join(at)}" if at else ""
+            rows.append((report.name, f"fresh (commit {prov['commit'][:10]}, {prov['date']}{runs})"))
     width = max(len(name) for name, _ in rows)
     for name, status in rows:
         print(f"{name:<{width}}  {status}")

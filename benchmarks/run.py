@@ -557,7 +557,8 @@ def main(args: Args) -> None:
         load_avg_end=machine_info()["load_avg_1_5_15"],
     )
     write_outputs(data, out, args.results_md, name)
-    provenance.record(out, invocation, [r["command"] for r in data["runs"]], data["machine"], data["git"])
+    run_git = provenance.commits_of(data["runs"], data["git"])  # (a --skip-done run's: that of its earlier invocation)
+    provenance.record(out, invocation, [r["command"] for r in data["runs"]], data["machine"], data["git"], run_git)
 
 
 def progress_line(r: dict) -> str:

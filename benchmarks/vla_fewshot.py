@@ -273,9 +273,13 @@ def collect(args: Args) -> dict:
                     seeds[str(seed)] = entry
             cells[f"{mode} K={k}"] = {"mode": mode, "k": k, "seeds": seeds}
 
+    commits: dict[str, dict | None] = {}  # command -> the commit its run started from (None: not recorded)
+
     def command(run_name: str, cmd: list[str]) -> str:  # as it was run (the budget filled in), or will be
         done = recorded(args, run_name)
-        return done["command"] if done else shell_command(cmd, {"OMP_NUM_THREADS": "1"})
+        text = done["command"] if done else shell_command(cmd, {"OMP_NUM_THREADS": "1"})
+        commits.setdefault(text, done.get("git") if done else {"not_run": True})
+        return text
 
     commands = [command("pretrain", pretrain_command(args))]
     for k in args.ks:
@@ -285,9 +289,11 @@ def collect(args: Args) -> dict:
                 commands.append(command(name(mode, k, "start", seed), start_command(args, mode, k, seed)))
                 commands += [command(name(mode, k, r, seed), row_command(args, mode, k, r, seed)) for r in args.rows]
     pretrain_time = recorded(args, "pretrain")
+    commands = list(dict.fromkeys(commands))
     return {"cells": cells, "pretrain": pretrained, "pretrain_time": pretrain_time, "missing": missing,
-            "commands": list(dict.fromkeys(commands)), "rows": list(args.rows), "timesteps": args.timesteps,
-            "final_eval_episodes": args.final_eval_episodes, "fewshot_steps": args.fewshot_steps}  # fmt: skip
+            "commands": commands, "commits": [commits[c] for c in commands], "rows": list(args.rows),
+            "timesteps": args.timesteps, "final_eval_episodes": args.final_eval_episodes,
+            "fewshot_steps": args.fewshot_steps}  # fmt: skip
 
 
 def success(entry: dict, source: str, which: str) -> float:
@@ -470,8 +476,10 @@ def main(args: Args) -> None:
     body = report(data)
     title = "VLA: what RL adds to a pretrained base from few demonstrations"
     (out / "report.md").write_text(f"# {title} ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
-    provenance.record(out, shell_command(["uv", "run", "--extra", "vla", "python", *sys.argv]), data["commands"],
-                      machine_info(), git)  # fmt: skip
+    # each run's commit: its time file's (None where it has none; a run not yet run, which holds no numbers: git's)
+    run_git = [git if (c or {}).get("not_run") else c for c in data["commits"]]
+    command = shell_command(["uv", "run", "--extra", "vla", "python", *sys.argv])
+    provenance.record(out, command, data["commands"], machine_info(), git, run_git)
     if out.resolve().parent == RESULTS_DIR.resolve():
         write_section(RESULTS_MD, out.name, f"## {title}, CPU\n\n{body}\n\n![few-shot VLA](results/{out.name}/"
                       f"vla_fewshot.png)\n\n![curves](results/{out.name}/curves.png)")  # fmt: skip

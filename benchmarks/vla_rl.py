@@ -155,8 +155,9 @@ def time_file(runs: Path, name: str) -> Path:
 
 
 def run(runs: Path, name: str, cmd: list[str]) -> dict:
-    """Run ``cmd`` (one thread), its output to ``runs/<name>.log``; record its CPU (``os.wait4``) and wall seconds in
-    its time file (vla_fewshot.py runs its commands with this too)."""
+    """Run ``cmd`` (one thread), its output to ``runs/<name>.log``; record its CPU (``os.wait4``) and wall seconds and
+    the commit it started from (``git``) in its time file (vla_fewshot.py runs its commands with this too)."""
+    git = git_info()  # the code the run starts with
     log = runs / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
@@ -167,7 +168,8 @@ def run(runs: Path, name: str, cmd: list[str]) -> dict:
         process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode:
         raise RuntimeError(f"{shell_command(cmd)} exited {process.returncode}; its output is in {log}")
-    record = {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.time() - start, "command": shell_command(cmd)}
+    record = {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.time() - start, "command": shell_command(cmd),
+              "git": git}  # fmt: skip
     time_file(runs, name).write_text(json.dumps(record, indent=1) + "\n")
     print(f"{name}: {record['cpu_s'] / 60:.1f} CPU min, {record['wall_s'] / 60:.1f} wall min", flush=True)
     return record

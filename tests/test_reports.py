@@ -5,6 +5,7 @@ docs/benchmarks.md): in the quoting paragraph, or in an earlier paragraph of its
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.extras import needs
 from tests.numerics import FINGERPRINTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,3 +315,96 @@ def test_marking_a_report_stale_writes_the_banner_once(tmp_path, monkeypatch):
     assert text.startswith(provenance.STALE_BANNER) and text.count(provenance.STALE_BANNER) == 1
     assert text.endswith("# some suite\n\nfigures\n") and "benchmarks/run.py --suite quick" in text
     assert json.loads((report / provenance.FILE).read_text())["stale"]["why"].startswith("the numbers of grpo")
+
+
+# ---- each run's commit: a report is judged by the golden files of the commits its runs ran at -----------------------
+RECURRENT_BEFORE = "fd270970c753f4ac3294362432833b0bbcbe99d6"  # ppo_recurrent's golden file was written anew after it
+RECURRENT_RUN = "python cleanrl_embodied/ppo_recurrent.py --env-id Pendulum-v1 --seed 1"
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    monkeypatch.setattr(provenance, "describe_machine", lambda machine: "a machine")
+    monkeypatch.setattr(provenance, "machine_info", lambda: {})
+
+
+def _have(sha: str) -> None:
+    if subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("needs the repository's history (a full clone, not a shallow one)")
+
+
+def test_a_report_records_the_golden_files_of_the_commit_its_runs_ran_at(tmp_path, quiet_machine):
+    """Its runs ran at a commit whose ppo_recurrent golden file has been written anew since: the report is stale
+    however late it is written (a --report-only today), because its digests are that commit's, not the disk's."""
+    _have(RECURRENT_BEFORE)
+    prov = provenance.record(tmp_path, RECURRENT_RUN, git={"git_sha": RECURRENT_BEFORE, "git_dirty": False})
+    why = provenance.why_stale(prov) or ""
+    assert why.startswith("the numbers of ppo_recurrent (its runs at fd27097) have changed since"), prov
+    old = provenance.digest_at(RECURRENT_BEFORE, "ppo_recurrent")
+    assert old is not None and old != provenance.golden_digest("ppo_recurrent")
+    assert prov["fingerprints"]["ppo_recurrent"] == old
+
+
+def test_each_run_records_its_commit_and_the_digests_there(tmp_path, quiet_machine):
+    """A driver whose runs ran at two commits (one run resumed from an earlier invocation): each run's commit and its
+    fingerprints' digests at that commit are recorded, and the report is stale by the older run."""
+    _have(RECURRENT_BEFORE)
+    head = {"git_sha": provenance.git_commit()[0], "git_dirty": False}
+    runs = [RECURRENT_RUN, "python cleanrl_embodied/ppo_continuous.py --env-id Pendulum-v1 --seed 1"]
+    before = {"git_sha": RECURRENT_BEFORE, "git_dirty": False}
+    prov = provenance.record(tmp_path, "uv run python benchmarks/pomdp.py", runs, git=head, run_git=[before, head])
+    assert [(g["commit"], g["runs"]) for g in prov["runs_at"]] == [(RECURRENT_BEFORE, [0]), (head["git_sha"], [1])]
+    assert prov["runs_at"][0]["fingerprints"] == {"ppo_recurrent": provenance.digest_at(RECURRENT_BEFORE,
+                                                                                        "ppo_recurrent")}  # fmt: skip
+    why = provenance.why_stale(prov)
+    assert why.startswith("the numbers of ppo_recurrent (its runs at fd27097) have changed since"), why
+    fresh = provenance.record(tmp_path, "uv run python benchmarks/pomdp.py", runs, git=head, run_git=[head, head])
+    assert provenance.why_stale(fresh) is None and len(fresh["runs_at"]) == 1
+
+
+def test_a_suites_runs_are_at_the_commits_their_summaries_name():
+    """run.py and pomdp.py take each run's commit from its summary.json (a --skip-done run was run by an earlier
+    invocation, maybe at another commit); a run without one ran in this invocation."""
+    now = {"git_sha": "a" * 40, "git_dirty": False}
+    earlier = {"git_sha": "b" * 40, "git_dirty": True}
+    records = [{"summary": {"versions": {"python": "3.11", **earlier}}}, {"returncode": 1, "error": "..."}]
+    assert [c["git_sha"] for c in provenance.commits_of(records, now)] == ["b" * 40, "a" * 40]
+
+
+def test_a_run_at_an_unknown_commit_or_without_a_digest_is_stale(tmp_path, quiet_machine):
+    runs = ["python cleanrl_embodied/grpo.py --seed 1"]
+    head = {"git_sha": provenance.git_commit()[0], "git_dirty": False}
+    unknown = provenance.record(tmp_path, runs[0], runs, git=head, run_git=[None])
+    assert unknown["runs_at"][0]["commit"] is None and "an unknown commit" in provenance.why_stale(unknown)
+    # an old provenance.json (one commit and its digests for every run) that lacks a fingerprint its runs use now
+    old = {"commit": head["git_sha"], "fingerprints": {"grpo": provenance.golden_digest("grpo")}, "runs": runs,
+           "command": runs[0], "stale": None}  # fmt: skip
+    assert provenance.why_stale(old) == (
+        "its runs depend on env-PushCubeRL, which it holds no digest of (verify the runs' commits compute what "
+        "today's golden files hold, or measure it again)"
+    )
+    old["fingerprints"]["env-PushCubeRL"] = provenance.golden_digest("env-PushCubeRL")
+    assert provenance.why_stale(old) is None
+
+
+@needs("vla")
+def test_vla_fewshot_records_the_commit_each_run_started_from(tmp_path, quiet_machine):
+    """--report-only writes the provenance from the runs' time files: each run at the commit its time file names,
+    one without (as this report's own runs were recorded) at an unknown commit, a run not yet run at the driver's."""
+    _have(RECURRENT_BEFORE)
+    fs = importlib.import_module("vla_fewshot")
+    args = fs.Args(runs_dir=str(tmp_path / "runs"), seeds=(1,), obs_modes=("proprio+rgb",), ks=(1,), rows=("grpo",),
+                   out=str(tmp_path / "out"), report_only=True)  # fmt: skip
+    runs = Path(args.runs_dir)
+    before = {"git_sha": RECURRENT_BEFORE, "git_dirty": False}
+    for name, cmd, git in (("pretrain", fs.pretrain_command(args), None),
+                           ("proprio_rgb/demos_s1", fs.demos_command(args, "proprio+rgb", 1), before)):  # fmt: skip
+        record = {"cpu_s": 1.0, "wall_s": 1.0, "command": fs.shell_command(cmd), **({"git": git} if git else {})}
+        fs.vla_rl.time_file(runs, name).parent.mkdir(parents=True, exist_ok=True)
+        fs.vla_rl.time_file(runs, name).write_text(json.dumps(record))
+    fs.main(args)
+    prov = json.loads((tmp_path / "out" / provenance.FILE).read_text())
+    groups = {g["commit"]: g["runs"] for g in prov["runs_at"]}
+    assert groups[None] == [0] and groups[RECURRENT_BEFORE] == [1] and groups[prov["commit"]] == [2, 3], groups
+    why = provenance.why_stale(prov)
+    assert "ran at an unknown commit" in why and re.search("no golden file at [^;]*fd27097", why), why
