@@ -1053,3 +1053,74 @@ def test_vla_fewshot_goal_uses_the_exact_t_interval_of_nine_seeds():
     se = np.std(diffs, ddof=1) / 3
     assert 1.96 * se < 0.2 < 2.306 * se
     assert f"GRPO - control +0.20 ± {2.306004 * se:.2f} (not met)" in fs.goal_line(data)
+
+
+def test_fingerprints_at_runs_todays_fingerprint_on_a_commits_code_and_says_where_it_differs(monkeypatch, capsys):
+    """HEAD's code gives today's golden file (the fingerprint runs in a worktree of that commit, removed after); a
+    record that moved beyond the tolerance is reported as differing (exit status 1), one that failed to run as failed;
+    a mistyped commit or fingerprint name is one line."""
+    fingerprints_at = importlib.import_module("fingerprints_at")
+    from tests.numerics import FINGERPRINTS
+
+    name = "env-PushCubeRL-dropout"
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    result = fingerprints_at.run_at("HEAD", [name])
+    assert "error" not in result[name], result
+    golden = json.loads(FINGERPRINTS[name].golden.read_text())["record"]
+    assert json.loads(json.dumps(result[name]["record"])) == golden
+    assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == worktrees
+
+    def scaled(x):  # every float 10% off, as a changed reward weight would move them
+        if isinstance(x, dict):
+            return {k: scaled(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [scaled(v) for v in x]
+        return x * 1.1 if isinstance(x, float) else x
+
+    moved = scaled(golden)
+    runs = {"abc1234": {name: {"record": moved}}, "def5678": {name: {"error": "ImportError: gone"}}}
+    monkeypatch.setattr(fingerprints_at, "run_at", lambda commit, names: runs[commit])
+    assert fingerprints_at.main(fingerprints_at.Args(commits=("abc1234", "def5678"), names=(name,))) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"abc1234 {name}: differs: ") and out[1] == f"def5678 {name}: failed: ImportError: gone"
+    runs["abc1234"] = {name: {"record": golden}}
+    assert fingerprints_at.main(fingerprints_at.Args(commits=("abc1234",), names=(name,))) == 0
+    assert capsys.readouterr().out == f"abc1234 {name}: today's golden file (bit for bit)\n"
+
+    monkeypatch.undo()
+    message = exits_in_one_line(lambda: fingerprints_at.run_at("nope123", [name]))
+    assert message == "error: --commits nope123: not a commit of this repository", message
+    message = exits_in_one_line(lambda: fingerprints_at.main(fingerprints_at.Args(commits=("HEAD",), names=("x",))))
+    assert message.startswith("error: --names x: one or more of ") and name in message, message
+
+
+def test_compile_cost_plans_three_runs_a_round_and_reports_the_ratio_and_the_cost(tmp_path):
+    """Each round: eager, compiled with Inductor's caches emptied, compiled again on the caches that left (one
+    cache folder a round, each run its own compile_times.json); the report's ratio and cost are the medians of what
+    the runs recorded; bad sizes are one line."""
+    compile_cost = importlib.import_module("compile_cost")
+    specs = compile_cost.main(compile_cost.Args(rounds=2, iterations=12, dry_run=True, out=str(tmp_path / "o")))
+    assert [(s["round"], s["mode"], s["cold"]) for s in specs] == [
+        (r, m, c) for r in (1, 2) for m, c in (("eager", False), ("compiled, caches empty", True),
+                                               ("compiled, caches warm", False))]  # fmt: skip
+    assert [s["command"][s["command"].index("--compile") + 1] for s in specs[:3]] == ["off", "on", "on"]
+    assert specs[1]["env"]["TORCHINDUCTOR_CACHE_DIR"] == specs[2]["env"]["TORCHINDUCTOR_CACHE_DIR"]
+    assert specs[1]["env"]["TORCHINDUCTOR_CACHE_DIR"] != specs[4]["env"]["TORCHINDUCTOR_CACHE_DIR"]
+    assert len({s["env"]["CLEANRL_EMBODIED_COMPILE_TIMES"] for s in specs}) == 6
+    steps = int(specs[0]["command"][specs[0]["command"].index("--total-timesteps") + 1])
+    assert steps == 12 * 256 * 20  # ppo_continuous's defaults: 256 envs x 20 steps an iteration
+
+    runs = [
+        {"round": r, "mode": "eager", "eager_s": e, "whole_s": 20.0, "command": "c"} for r, e in ((1, 0.2), (2, 0.4))
+    ]
+    runs += [{"round": r, "mode": "compiled, caches empty", "compiled_s": 0.15, "compile_s": c, "whole_s": 30.0,
+              "command": "c"} for r, c in ((1, 10.0), (2, 14.0))]  # fmt: skip
+    data = {"args": {"script": "ppo_continuous", "flags": "--env-id PushCubeRL", "iterations": 12, "rounds": 2},
+            "command": "uv run python benchmarks/compile_cost.py", "machine": benchlib.machine_info(),
+            "versions": {"torch": "2"}, "git": {"git_sha": "abc", "git_dirty": False}, "runs": runs}  # fmt: skip
+    text = compile_cost.report(data)
+    assert "| eager | 2 | 0.300 | 1.00x |  | 20.0 |" in text, text
+    assert "| compiled, caches empty | 2 | 0.150 | 0.50x | 12.0 (10.0-14.0) | 30.0 |" in text, text
+    for flag, value in (("iterations", 9), ("rounds", 0)):
+        message = exits_in_one_line(lambda f=flag, v=value: compile_cost.main(compile_cost.Args(**{f: v})))
+        assert message.startswith(f"error: --{flag} {value}: "), message
