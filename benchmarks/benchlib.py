@@ -24,13 +24,9 @@ RESULTS_MD = REPO / "docs" / "benchmarks.md"  # the site's benchmarks page: each
 
 # ---- machine and software ----------------------------------------------------------------------
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from cleanrl_embodied.shared.device import cpu_model  # (torch is imported only when a report needs it)
+
+    return cpu_model()
 
 
 def gpu_name() -> str | None:

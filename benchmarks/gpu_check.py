@@ -628,18 +628,22 @@ AUTO_PAIRS = {False: ("eager", "compile"), True: ("cudagraphs", "compile + cudag
 
 
 def auto_choice(device_type: str, steady: dict[str, float | None]) -> tuple[dict[str, Any], dict[str, bool]]:
-    """What `--compile auto` picks on `device_type` for a run long enough to compile (shared.compile_choice with
-    COMPILE_PAYS_AFTER planned updates), without and with --cudagraphs, against the steady SPS measured for each
-    variant (`steady`: label -> SPS, None where not run): the metrics (each pick, and the faster variant where both
-    were measured) and the checks (the pick's SPS at least AUTO_TOLERANCE times the other's)."""
-    from cleanrl_embodied import ppo_continuous, shared
+    """What `--compile auto` picks on `device_type` (shared.compile_choice: a rule per device on CUDA; on the CPU a
+    measurement each run makes, which this part does not judge), without and with --cudagraphs, against the steady
+    SPS measured for each variant (`steady`: label -> SPS, None where not run): the metrics (each pick, and the
+    faster variant where both were measured) and the checks (the pick's SPS at least AUTO_TOLERANCE times the
+    other's)."""
+    from cleanrl_embodied import shared
 
-    long_run = ppo_continuous.COMPILE_PAYS_AFTER
     metrics: dict[str, Any] = {}
     checks: dict[str, bool] = {}
     for graphs, (eager, compiled) in AUTO_PAIRS.items():
         key = "with cudagraphs" if graphs else "without cudagraphs"
-        pick = compiled if shared.compile_choice("auto", device_type, long_run, long_run, graphs) else eager
+        choice = shared.compile_choice("auto", device_type, graphs)
+        if choice is None:  # decided by measuring, in the run
+            metrics[f"picks ({key})"] = "measured in the run"
+            continue
+        pick = compiled if choice else eager
         other = eager if pick == compiled else compiled
         metrics[f"picks ({key})"] = pick
         mine, theirs = steady.get(pick), steady.get(other)

@@ -336,11 +336,6 @@ def group_reset(envs, args: Args, iteration: int) -> tuple[torch.Tensor, dict]:
         shared.fail(f"--group-size {args.group_size}: {args.env_id} can't give groups identical starts: {e}")
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
-1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
-
 def main(args: Args) -> dict:
     validate(args)
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
@@ -419,9 +414,10 @@ def main(args: Args) -> dict:
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compile_on = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy = compiled(policy_step)
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     loss_fn, clip_fn, step_fn = compiled(grpo_loss), compiled(clip_gradients), compiled(optimizer.step)
@@ -434,6 +430,7 @@ def main(args: Args) -> dict:
             num_iterations=num_iterations, best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,
             env=shared.env_record(env_options, eval_envs),  # id, options, observation layout: a resume must match them
             rng=shared.rng_state(), env_state=shared.env_state_dict(envs),
+            compiled=compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
         )  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
@@ -529,11 +526,12 @@ def main(args: Args) -> dict:
                     if bool(on_task.any()):
                         scalars[f"charts/success_rate/{name}"] = (success & on_task).sum() / on_task.sum()
             logger.log_iteration(global_step, keeper.sps(global_step), scalars)
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): timed; decided after the 2nd
             keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
+        eval_result = keeper.finish(global_step, stop.requested, compiled=compiled.on)  # last.pt, eval, summary
         envs.close()
         eval_envs.close()
         if stop.requested:

@@ -167,10 +167,6 @@ def validate(args: Args) -> None:
         shared.fail("--advantage episode compares first-episode returns: it needs --truncate-at-first-done")
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
-and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
@@ -467,9 +463,10 @@ def main(args: Args) -> dict:
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    compiled = shared.Compiler(args.compile, device, logger.write, trainer, dataclasses.asdict(args),
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     per_token = args.loss_agg == "token"
     policy = compiled(partial(policy_step, actor, temperature=args.temperature, per_token=per_token))
     reference_fn = compiled(partial(reference_logprob, actor, temperature=args.temperature, per_token=per_token))
@@ -487,6 +484,7 @@ def main(args: Args) -> dict:
             "iteration": iteration,
             "global_step": global_step,
             "num_iterations": num_iterations,
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
@@ -639,11 +637,12 @@ def main(args: Args) -> dict:
                         scalars[f"charts/success_rate/{name}"] = (success & on_task).sum() / on_task.sum()
             logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): timed; decided after the 2nd
             keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
+        eval_result = keeper.finish(global_step, stop.requested, compiled=compiled.on)  # last.pt, eval, summary
         envs.close()
         eval_envs.close()
         if stop.requested:

@@ -373,11 +373,6 @@ def rank_state(envs, next_obs: torch.Tensor | TensorDict, reward_trace: torch.Te
     }
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
-1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
-
 def main(args: Args) -> dict:
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group does not exist yet
     validate(args, show=rank == 0)
@@ -452,9 +447,11 @@ def train(
     # compiled or graph-captured code then never sees the autograd-tracking module.
     agent_inference = make_agent(envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compile_on = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER, args.cudagraphs)
-    compiled = shared.compiler(compile_on, device, say)  # torch.compile, or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    work = {**dataclasses.asdict(args), "world_size": world_size}  # what one iteration's time depends on
+    compiled = shared.Compiler(args.compile, device, say, trainer, work, args.cudagraphs,
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
@@ -501,6 +498,7 @@ def train(
             obs_dim=obs_dim, act_dim=act_dim,
             env=shared.env_record(env_options, envs),  # id, options, observation layout: a resume must match them
             world_size=world_size, **pieces[0], other_ranks=pieces[1:],
+            compiled=compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
         )  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
@@ -605,6 +603,7 @@ def train(
             summed = torch.cat([torch.stack([*losses.values(), explained_var]), votes])
             dist.all_reduce(summed)
             stopped = stop.agree(summed[-2:])  # the same on every rank: 0, or the exit status (130 / 143)
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): rank 0 decides, after the 2nd
             eval_due, save_due = keeper.due(iteration)
             pieces = gather_rank_states() if eval_due or save_due else None
             if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
@@ -621,7 +620,7 @@ def train(
         shared.check_in_sync(agent, rank, "at the end")
         envs.close()
         if rank == 0:  # last.pt, the final evaluation, summary.json
-            eval_result = keeper.finish(global_step, bool(stopped), pieces, world_size=world_size)
+            eval_result = keeper.finish(global_step, bool(stopped), pieces, world_size=world_size, compiled=compiled.on)
             eval_envs.close()
         if stopped:
             sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)

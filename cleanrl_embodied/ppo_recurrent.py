@@ -404,11 +404,6 @@ def scale_rewards(rewards, dones, trace, rms, gamma: float, clip: float) -> torc
     return (rewards / (rms.var + 1e-8).sqrt()).clamp(-clip, clip).float()
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for `--compile auto` to compile: compiling costs about 10 s once and saves about
-1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
-
 def main(args: Args) -> dict:
     validate(args)
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
@@ -460,9 +455,10 @@ def main(args: Args) -> dict:
     # compiled code then never sees the autograd-tracking module.
     agent_inference = make_agent(eval_envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    compile_on = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(compile_on, device, logger.write)  # torch.compile, or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
 
@@ -497,6 +493,7 @@ def main(args: Args) -> dict:
             best_key=list(evaluator.best_key), obs_dim=obs_dim, act_dim=act_dim,
             env=shared.env_record(env_options, eval_envs),  # id, options, observation layout: a resume must match them
             rng=shared.rng_state(), env_state=shared.env_state_dict(envs), next_obs=shared.obs_for_checkpoint(next_obs),
+            compiled=compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
             next_state=next_state, next_starts=next_starts,  # every env's memory and whether its episode begins
         )  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
@@ -586,11 +583,12 @@ def main(args: Args) -> dict:
             scalars.update({"losses/explained_variance": explained_var, "charts/skipped_updates": guard.skipped})
             scalars.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], **rollout_stats.scalars()})
             logger.log_iteration(global_step, keeper.sps(global_step), scalars)
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): timed; decided after the 2nd
             keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
+        eval_result = keeper.finish(global_step, stop.requested, compiled=compiled.on)  # last.pt, eval, summary
         envs.close()
         eval_envs.close()
         if stop.requested:

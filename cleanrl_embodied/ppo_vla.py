@@ -144,10 +144,6 @@ def validate(args: Args) -> None:
     )  # fmt: skip
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
-and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
@@ -396,9 +392,10 @@ def main(args: Args) -> dict:
     policy_params = [p for p in params if id(p) not in value_ids]  # what a critic warm-up holds still
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(pays, device, logger.write)  # torch.compile, or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = (
         compiled(partial(policy_step, agent, temperature=args.temperature, per_token=args.loss_agg == "token")),
         compiled(agent.get_value),
@@ -434,6 +431,7 @@ def main(args: Args) -> dict:
             "iteration": iteration,
             "global_step": global_step,
             "num_iterations": num_iterations,
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
@@ -554,11 +552,12 @@ def main(args: Args) -> dict:
             )
             logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): timed; decided after the 2nd
             keeper.after_iteration(iteration, global_step)  # evaluate (a new best: best.pt), save last.pt, when due
             if stop.requested:
                 break
 
-        eval_result = keeper.finish(global_step, stop.requested)  # last.pt, final evaluation, summary.json
+        eval_result = keeper.finish(global_step, stop.requested, compiled=compiled.on)  # last.pt, eval, summary
         envs.close()
         eval_envs.close()
         if stop.requested:

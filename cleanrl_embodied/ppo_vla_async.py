@@ -141,10 +141,6 @@ def validate(args: Args) -> None:
     )  # fmt: skip
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
-and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
@@ -526,9 +522,10 @@ def main(args: Args) -> dict:
     policy_params = [p for p in params if id(p) not in value_ids]  # what a critic warm-up holds still
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(pays, device, logger.write)  # torch.compile (learner side), or eager (the identity)
+    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
+    # and a resumed run keeps the choice it made
+    compiled = shared.Compiler(args.compile, device, logger.write, trainer, dataclasses.asdict(args),
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     backward_fn, clip_fn, step_fn = compiled(backward_piece), compiled(clip_gradients), compiled(optimizer.step)
     amp = shared.autocast(args.autocast, device)
     micro_batch_size = min(piece, minibatch_size)
@@ -558,6 +555,7 @@ def main(args: Args) -> dict:
             "dropped": dropped, "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
             "env": shared.env_record(env, eval_envs),  # id, options, observation layout: a resume must match them
             "obs_dim": obs_dim, "act_dim": act_dim, "rng": shared.rng_state(), "collector": collector.state(),
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
         }  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
@@ -636,6 +634,7 @@ def main(args: Args) -> dict:
                     scalars["losses/explained_variance"] = 1 - variance
                 logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
+                compiled.after_iteration(num_iterations - consumed)  # --compile auto (CPU): decided after the 2nd
                 # evaluation and checkpoints see a paused collector
                 do_eval, do_save = keeper.due(consumed)
                 if do_eval or do_save:
@@ -645,7 +644,7 @@ def main(args: Args) -> dict:
                 if stop.requested:
                     break
             collector.pause()  # at a rollout boundary: last.pt can hold the collector's state
-            eval_result = keeper.finish(global_step, stop.requested, dropped_rollouts=dropped)  # last.pt, summary.json
+            eval_result = keeper.finish(global_step, stop.requested, dropped_rollouts=dropped, compiled=compiled.on)
     finally:  # after an error on either side too: stop both (last.pt stays the last consistent one)
         collector.stop()
         envs.close()

@@ -156,10 +156,6 @@ def validate(args: Args, show: bool) -> None:
         shared.fail("--backend nccl needs CUDA (GPUs and --cuda); on CPU use --backend gloo or auto", show)
 
 
-COMPILE_PAYS_AFTER = 10_000
-"""Minibatch updates a run must plan for ``--compile auto`` to compile: compiling costs about 10 s once per process
-and saves about 1 ms per update on a 2-core CPU (benchmarks/update_vs.py, docs/benchmarks.md)."""
-
 ACTION_ARGS = ("action_head", "action_bins", "action_chunk")  # what the policy's output means
 
 
@@ -425,9 +421,11 @@ def train(
         say(f"fsdp: this rank holds {mine} of the {sum(p.numel() for p in params)} trainable values")
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    updates = num_iterations * args.update_epochs * args.num_minibatches  # minibatch updates planned
-    pays = shared.compile_choice(args.compile, device.type, updates, COMPILE_PAYS_AFTER)
-    compiled = shared.compiler(pays and not args.fsdp, device, say)  # torch.compile, or eager (FSDP's hooks: eager)
+    # torch.compile, or eager (FSDP's hooks: eager); --compile auto on the CPU decides after the second iteration
+    # and a resumed run keeps the choice it made
+    work = {**dataclasses.asdict(args), "world_size": world_size}  # what one iteration's time depends on
+    compiled = shared.Compiler("off" if args.fsdp else args.compile, device, say, trainer, work,
+                               decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = (
         compiled(
             partial(policy_step, agent_inference, temperature=args.temperature, per_token=args.loss_agg == "token")
@@ -477,6 +475,7 @@ def train(
             "iteration": iteration,
             "global_step": global_step,
             "num_iterations": num_iterations,
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
             "best_key": list(evaluator.best_key),
             "obs_dim": obs_dim,
             "act_dim": act_dim,
@@ -623,6 +622,7 @@ def train(
             )
             dist.all_reduce(summed)
             stopped = stop.agree(summed[-2:])  # the same on every rank: 0, or the exit status (130 / 143)
+            compiled.after_iteration(num_iterations - iteration)  # --compile auto (CPU): rank 0 decides, after the 2nd
             eval_due, save_due = keeper.due(iteration)
             pieces = gather_rank_states() if eval_due or save_due else None
             if rank == 0:  # logging, evaluation, checkpoints: rank 0 alone
@@ -644,7 +644,7 @@ def train(
         shared.check_in_sync(agent_inference, rank, "at the end")  # (it is the agent, or holds its weights whole)
         envs.close()
         if rank == 0:  # last.pt, the final evaluation, summary.json
-            eval_result = keeper.finish(global_step, bool(stopped), pieces, world_size=world_size)
+            eval_result = keeper.finish(global_step, bool(stopped), pieces, world_size=world_size, compiled=compiled.on)
             eval_envs.close()
         if stopped:
             sys.exit(stopped)  # 130 after Ctrl-C, 143 after SIGTERM (on any rank)

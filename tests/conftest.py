@@ -7,6 +7,15 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def compile_times(tmp_path_factory, monkeypatch):
+    """Every test keeps its own ``--compile auto`` measurements (compilation.py), in a file of its own that starts
+    empty, also for the trainers it runs as subprocesses: no test reads or writes the user's, or another test's."""
+    path = tmp_path_factory.mktemp("compile_times") / "compile_times.json"
+    monkeypatch.setenv("CLEANRL_EMBODIED_COMPILE_TIMES", str(path))
+    return path
+
+
 @pytest.fixture
 def single_thread():
     """torch on one thread for the test (PushCubeRL's tests compare numbers that thread count could reorder)."""

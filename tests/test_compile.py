@@ -4,9 +4,11 @@ compiles, the fallback where compiling does not work, and bit-identical resume o
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
+from datetime import date
 from functools import partial
 from pathlib import Path
 
@@ -26,9 +28,9 @@ from cleanrl_embodied import (
     ppo_vla,
     ppo_vla_async,
     ppo_vla_ddp,
-    shared,
 )
-from cleanrl_embodied.shared.compilation import compile_choice, compiler
+from cleanrl_embodied.shared import compilation
+from cleanrl_embodied.shared.compilation import Compiler, compile_choice
 from tests.trainer_args import FOUR_ENVS, is_vla, tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,71 +102,234 @@ def test_compiled_and_eager_updates_agree_on_the_same_minibatch(name):
     assert any((value - initial[key]).abs().max() > 1e-4 for key, value in eager_agent.state_dict().items())
 
 
-def test_the_compiler_compiles_only_when_enabled():
-    said = []
-    cpu = torch.device("cpu")
+class _Clock:
+    """time.perf_counter for compilation.py: the iteration lengths it is given, one per call after the first."""
+
+    def __init__(self, *lengths: float):
+        self.now, self.lengths = 100.0, list(lengths)
+
+    def perf_counter(self) -> float:
+        if self.lengths:
+            self.now += self.lengths.pop(0)
+        return self.now
+
+
+def _compiler(setting: str = "auto", flags: dict | None = None, sha: str = "abc", **kw) -> tuple[Compiler, list]:
+    said: list[str] = []
+    trainer = {"script": "my_ppo", "sha256": sha}
+    return Compiler(setting, torch.device("cpu"), said.append, trainer, flags or {"num_envs": 8}, **kw), said
+
+
+def _iterations(monkeypatch, compiler: Compiler, lengths: tuple[float, ...], lefts) -> None:
+    """The trainer's loop as the compiler sees it, on a clock that moves by ``lengths``: a wrapped call at the start
+    (the first length: up to it), then one ``after_iteration`` per iteration (the first iteration's length, then the
+    others') with the iterations ``lefts``."""
+    monkeypatch.setattr(compilation, "time", _Clock(*lengths))
+    compiler(lambda: None)()
+    for left in lefts:
+        compiler.after_iteration(left)
+
+
+def test_auto_decides_after_the_second_iteration_from_its_length_and_what_compiling_costs(monkeypatch):
+    """Without measurements of this machine: compiled iterations take CPU_COMPILED_RATIO of an eager one, and
+    compiling costs CPU_COMPILE_S; the run compiles when the iterations left would save more than that."""
+    assert (compilation.CPU_COMPILED_RATIO, compilation.CPU_COMPILE_S) == (0.73, 12.0)
+    saving_per_iteration = 1.0 * (1 - 0.73)  # an eager iteration of 1 s
+    for left, on in [(45, True), (44, False)]:  # 45 x 0.27 = 12.15 s > 12 s > 44 x 0.27 = 11.88 s
+        compiler, said = _compiler()
+        _iterations(monkeypatch, compiler, (0.0, 9.0, 1.0), [left + 1, left])  # (the first, 9 s, warms up)
+        assert compiler.on is on and compiler.mode == ("compiled" if on else "eager")
+        assert said == [
+            f"compile: {'on' if on else 'off'} (auto: an eager iteration took 1.000 s; compiled ones take 0.73x that"
+            f" and compiling 12.0 s (our measurement; none on this machine yet): {left} iterations left would save "
+            f"{left * saving_per_iteration:.1f} s)"
+        ]
+
+
+def test_auto_decides_from_this_machines_measurements_of_the_same_configuration(compile_times, monkeypatch):
+    compiler, _ = _compiler()
+    key = compiler.key
+    compile_times.write_text(json.dumps({key: {"eager_s": 2.0, "compiled_s": 1.0, "compile_s": 2.0}}))
+    for left, on in [(5, True), (4, False)]:  # half of each 1 s iteration saved: 2.5 s > 2 s; 2 s is not > 2 s
+        compiler, said = _compiler()
+        _iterations(monkeypatch, compiler, (0.0, 1.0, 1.0), [left + 1, left])
+        assert compiler.on is on, said
+        assert said[0].endswith(f"0.50x that and compiling 2.0 s (measured here): {left} iterations left would save "
+                                f"{left * 0.5:.1f} s)")  # fmt: skip
+    other, said = _compiler(flags={"num_envs": 16})  # another configuration: nothing measured for it
+    _iterations(monkeypatch, other, (0.0, 1.0, 1.0), [5, 4])
+    assert other.on is False and "none on this machine yet" in said[0]
+
+
+def test_runs_that_differ_in_seed_length_or_keeping_share_measurements_and_others_do_not():
+    key = lambda **kw: _compiler(**kw)[0].key  # noqa: E731
+    base = {"num_envs": 8, "seed": 1, "total_timesteps": 10**6, "output_dir": "a", "compile": "auto"}
+    assert key(flags=base) == key(flags={**base, "seed": 2, "total_timesteps": 5, "output_dir": "b", "compile": "on"})
+    assert key(flags=base) != key(flags={**base, "num_envs": 16})
+    assert key(flags=base) != key(flags=base, sha="a changed file")
+    assert key(flags=base).startswith("my_ppo ") and f"with torch {torch.__version__}" in key(flags=base)
+
+
+def test_each_run_records_what_it_measured_for_the_next(compile_times, monkeypatch):
+    monkeypatch.setattr(compilation, "torch", _FakeCompile(torch))
+    window = compilation.WINDOW
+    eager, _ = _compiler("off")
+    _iterations(monkeypatch, eager, (0.0, *[0.5] * (window + 1)), range(window + 1, 0, -1))  # (the 1st: untimed)
+    compiled, _ = _compiler("on")
+    _iterations(monkeypatch, compiled, (0.0, 5.0, 1.5, *[1.0] * (window - 2)), range(window, 0, -1))  # (from its call)
+    (entry,) = json.loads(compile_times.read_text()).values()
+    assert entry == {"eager_s": 0.5, "compiled_s": 1.0, "compile_s": 4.5, "date": date.today().isoformat()}
+    # an auto run that compiled: the eager iteration it timed, with the compiled ones
+    compile_times.write_text("{}")
+    auto, _ = _compiler("auto")
+    monkeypatch.setattr(compilation, "CPU_COMPILE_S", 0.0)
+    _iterations(monkeypatch, auto, (0.0, 9.0, 2.0, 3.0, *[1.0] * (window - 1)), range(window + 2, 0, -1))
+    (entry,) = json.loads(compile_times.read_text()).values()
+    assert (entry["eager_s"], entry["compiled_s"], entry["compile_s"]) == (2.0, 1.0, 2.0)
+
+
+class _FakeCompile:
+    """``torch`` for compilation.py with torch.compile recording what it compiles (and ``when()``, if given, in
+    ``at``) and returning it as it is, or a function that raises ``fail``."""
+
+    def __init__(self, real, fail: BaseException | None = None, when=None):
+        self.real, self.fail, self.when, self.compiled, self.at = real, fail, when, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def compile(self, fn, **kwargs):
+        self.compiled.append((fn, kwargs))
+        if self.when is not None:
+            self.at.append(self.when())
+        if self.fail is None:
+            return fn
+
+        def failing(*args, **kw):
+            raise self.fail
+
+        return failing
+
+
+def test_compiled_functions_draw_eager_random_numbers_and_compile_at_their_first_call(monkeypatch):
+    fake = _FakeCompile(torch)
+    monkeypatch.setattr(compilation, "torch", fake)
     fn = lambda x: x + 1  # noqa: E731
-    assert compiler(False, cpu, said.append)(fn) is fn
-    compiled = compiler(True, cpu, said.append)(fn)
-    assert compiled is not fn and compiled(torch.ones(2)).tolist() == [2.0, 2.0]
-    assert said == []
+    assert _compiler("off")[0](fn) is fn
+    compiled, said = _compiler("on")
+    wrapped = compiled(fn)
+    assert fake.compiled == [] and wrapped(1) == 2 and wrapped(2) == 3
+    assert fake.compiled == [(fn, {"options": {"fallback_random": True}})] and said == []
 
 
-# 3 iterations of 2 epochs x 2 minibatches: 12 planned updates (toy_policies' ToyVLA for a VLA trainer)
+def test_a_compile_that_fails_says_so_once_and_the_run_goes_eager(monkeypatch):
+    class NoCompiler(torch._dynamo.exc.BackendCompilerFailed):
+        def __init__(self):
+            RuntimeError.__init__(self, "InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+    monkeypatch.setattr(compilation, "torch", _FakeCompile(torch, fail=NoCompiler()))
+    compiler, said = _compiler("on")
+    f, g = compiler(lambda x: x + 1), compiler(lambda x: x * 2)
+    assert (f(1), g(3), f(2)) == (2, 6, 3) and compiler.on is False and compiler.mode is None
+    assert said == ["warning: --compile: torch.compile does not work here (NoCompiler: InvalidCxxCompiler: No working "
+                    "C++ compiler found); the run goes eager"]  # fmt: skip
+    monkeypatch.setattr(compilation, "torch", _FakeCompile(torch, fail=RuntimeError("shapes do not match")))
+    compiler, said = _compiler("on")
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # the function's own error is not hidden
+        compiler(lambda x: x)(1)
+
+
+def test_auto_decides_by_measurement_on_the_cpu_and_on_cuda_only_with_cuda_graphs():
+    """CPU: measured (None until decided). CUDA (H200, ppo_continuous, 4096 envs, steady env steps/s): eager
+    221,697, compiled 187,905, compiled with CUDA graphs 277,303; so only a run with CUDA graphs compiles. Other
+    devices: eager."""
+    assert compile_choice("on", "cuda") and compile_choice("on", "cpu")
+    assert compile_choice("off", "cpu") is False and compile_choice("off", "cuda", cudagraphs=True) is False
+    assert compile_choice("auto", "cpu") is None and compile_choice("auto", "cpu", cudagraphs=True) is None
+    assert compile_choice("auto", "cuda") is False  # never the slower path
+    assert compile_choice("auto", "cuda", cudagraphs=True) is True
+    assert compile_choice("auto", "mps") is False
+
+
+# 3 iterations of 2 epochs x 2 minibatches (toy_policies' ToyVLA for a VLA trainer)
 THREE_ITERATIONS = dict(
     FOUR_ENVS, num_steps=4, update_epochs=2, total_timesteps=3 * 16, eval_freq=0, save_freq=0, hidden_sizes=(8,)
 )
-
-
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo_vla", "ppo_recurrent"])
-@pytest.mark.parametrize(
-    "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
-)
-def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, name, setting, pays_after, enabled):
-    """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
-    2 epochs x 2 minibatches = 12); on always, off never."""
-    module, asked = {**PPO, "grpo_vla": grpo_vla, "ppo_recurrent": ppo_recurrent}[name], []
-    assert module.COMPILE_PAYS_AFTER == 10_000
-    monkeypatch.setattr(module, "COMPILE_PAYS_AFTER", pays_after)
-    monkeypatch.setattr(module.shared, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
-    module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile=setting))
-    assert asked == [enabled]
-
-
-def test_auto_compiles_on_the_cpu_when_it_pays_and_on_cuda_only_with_cuda_graphs():
-    """What was measured decides per device. CPU: compiled updates were 1.1-1.4x faster (docs/benchmarks.md), so a
-    long enough run compiles. CUDA (H200, ppo_continuous, 4096 envs, steady env steps/s): eager 221,697, compiled
-    187,905, compiled with CUDA graphs 277,303; so only a run with CUDA graphs compiles. Other devices: eager."""
-    assert compile_choice("on", "cuda", updates=1, pays_after=10_000)
-    assert compile_choice("on", "cpu", updates=1, pays_after=10_000)
-    assert not compile_choice("off", "cpu", updates=10**9, pays_after=1)
-    assert not compile_choice("off", "cuda", updates=10**9, pays_after=1, cudagraphs=True)
-    assert compile_choice("auto", "cpu", updates=10_000, pays_after=10_000)
-    assert not compile_choice("auto", "cpu", updates=9_999, pays_after=10_000)
-    assert not compile_choice("auto", "cuda", updates=10**9, pays_after=10_000)  # never the slower path
-    assert compile_choice("auto", "cuda", updates=10_000, pays_after=10_000, cudagraphs=True)
-    assert not compile_choice("auto", "cuda", updates=9_999, pays_after=10_000, cudagraphs=True)
-    assert not compile_choice("auto", "mps", updates=10**9, pays_after=10_000)
-
-
 TRAINERS = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla, "ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp,
             "ppo_recurrent": ppo_recurrent}  # fmt: skip
+PAYS = {"eager_s": 1.0, "compiled_s": 0.5, "compile_s": 0.0}  # measurements under which compiling always pays
+NEVER_PAYS = {"eager_s": 1.0, "compiled_s": 0.5, "compile_s": 1e9}
+
+
+class _Everywhere(dict):
+    """A record of compile measurements that holds ``entry`` for every configuration."""
+
+    def __init__(self, entry: dict):
+        super().__init__()
+        self.entry = entry
+
+    def get(self, key, default=None):
+        return self.entry
+
+
+def _watch(monkeypatch, known: dict) -> tuple[_FakeCompile, list]:
+    """torch.compile recorded (and run eager), ``known`` the measurements of every configuration, and the
+    iterations left that each call of ``after_iteration`` was given."""
+    lefts = []
+    fake = _FakeCompile(torch, when=lambda: len(lefts))  # (at: how many iterations had ended)
+    monkeypatch.setattr(compilation, "torch", fake)
+    monkeypatch.setattr(compilation, "_read_times", lambda: _Everywhere(known))
+    real = Compiler.after_iteration
+    monkeypatch.setattr(Compiler, "after_iteration", lambda self, left: lefts.append(left) or real(self, left))
+    return fake, lefts
+
+
+def _summary(out: dict) -> dict:
+    return json.loads((Path(out["run_dir"]) / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
-def test_every_trainer_asks_the_shared_decision_with_its_device_and_planned_updates(tmp_path, monkeypatch, name):
-    """One decision for every trainer with --compile: shared.compile_choice, given the setting, the device's type,
-    the planned minibatch updates (3 iterations x 2 epochs x 2 minibatches; GRPO's epochs x minibatches likewise)
-    and the trainer's COMPILE_PAYS_AFTER (and --cudagraphs where the trainer has it)."""
-    module, asked = TRAINERS[name], []
-    real = shared.compile_choice
-    monkeypatch.setattr(module.shared, "compile_choice", lambda *a, **kw: asked.append((a, kw)) or real(*a, **kw))
-    module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile="auto"))
-    assert len(asked) == 1
-    (setting, device_type, updates, pays_after, *cudagraphs), kwargs = asked[0]
-    assert (setting, device_type, pays_after) == ("auto", "cpu", module.COMPILE_PAYS_AFTER) and updates > 0
-    has_graphs = "cudagraphs" in module.Args.__dataclass_fields__  # (--cudagraphs: the classic PPO trainers)
-    assert cudagraphs + list(kwargs.values()) == ([False] if has_graphs else [])
+def test_every_trainer_times_its_iterations_and_compiles_after_the_second_when_it_pays(tmp_path, monkeypatch, name):
+    """Each trainer wraps its functions in shared.Compiler and calls after_iteration once per iteration with the
+    iterations left: under auto, measurements that say compiling pays compile from the third iteration on, and the
+    choice is in the checkpoint and summary.json."""
+    module = TRAINERS[name]
+    fake, lefts = _watch(monkeypatch, PAYS)
+    out = module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile="auto"))
+    assert lefts == [2, 1, 0]
+    assert fake.compiled and set(fake.at) == {2}, fake.at  # (each wrapped function, at its first call)
+    assert _summary(out)["compiled"] is True
+    last = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=False)
+    assert last["compiled"] is True
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_vla_async", "grpo"])
+@pytest.mark.parametrize("setting, known, compiles", [("auto", NEVER_PAYS, False), ("on", NEVER_PAYS, True),
+                                                      ("off", PAYS, False)])  # fmt: skip
+def test_on_compiles_from_the_first_call_off_never_and_auto_not_where_it_does_not_pay(
+    tmp_path, monkeypatch, name, setting, known, compiles
+):
+    module = TRAINERS[name]
+    fake, lefts = _watch(monkeypatch, known)
+    out = module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile=setting))
+    assert lefts == [2, 1, 0] and _summary(out)["compiled"] is compiles
+    assert set(fake.at) == ({0} if compiles else set()), fake.at
+
+
+def test_a_resumed_auto_run_keeps_the_choice_its_checkpoint_recorded(tmp_path, monkeypatch, capsys):
+    """The choice made at the second iteration is in that iteration's checkpoint; resumed from it, the run compiles
+    from its first call whatever it would decide now, and ends where the straight run ends."""
+    common = dict(THREE_ITERATIONS, total_timesteps=4 * 16, save_freq=2, compile="auto")
+    fake, _ = _watch(monkeypatch, PAYS)
+    straight = ppo_continuous.main(tiny_args(ppo_continuous, tmp_path / "a", common))
+    half = Path(straight["run_dir"]) / "checkpoints" / "iter_000002.pt"
+    assert torch.load(half, weights_only=False)["compiled"] is True
+    fake, lefts = _watch(monkeypatch, NEVER_PAYS)
+    resumed = ppo_continuous.main(tiny_args(ppo_continuous, tmp_path / "b", common, resume=str(half)))
+    assert lefts == [1, 0] and set(fake.at) == {0}
+    assert "compile: on (auto: as the run this one resumes decided)" in capsys.readouterr().out
+    a, b = (torch.load(Path(r["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for r in (straight, resumed))
+    assert all(torch.equal(value, b["model"][key]) for key, value in a["model"].items())
 
 
 def test_where_compiling_does_not_work_the_run_says_so_and_trains_eager(tmp_path):
@@ -181,6 +346,7 @@ def test_where_compiling_does_not_work_the_run_says_so_and_trains_eager(tmp_path
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "torch.compile does not work here" in line]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("warning: --compile: torch.compile does not work here ("), warnings
+    assert warnings[0].endswith("); the run goes eager"), warnings
     assert "done: global_step=64" in proc.stdout
 
 

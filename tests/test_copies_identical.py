@@ -19,7 +19,6 @@ VLA = (*PPO_VLA, "grpo_vla")
 
 COPIES: list[tuple[str, tuple[str, ...]]] = [
     # every trainer
-    ("COMPILE_PAYS_AFTER", (*CLASSIC, *VLA)),
     ("clip_gradients", (*CLASSIC, *VLA)),
     # the classic family's networks and its PPO
     ("layer_init", CLASSIC),

@@ -150,7 +150,7 @@ H200 = {"eager": 221_697, "compile": 187_905, "compile + cudagraphs": 277_303}
 def test_the_ppo_part_checks_that_compile_auto_picks_the_faster_variant():
     """On the H200's figures, auto's CUDA pick without CUDA graphs (eager) is the faster, and with them (compiled)
     the only one measured; a device where compiling without CUDA graphs were faster would fail the check, as would
-    eager CUDA graphs beating the compiled ones. The CPU's pick is the compiled update."""
+    eager CUDA graphs beating the compiled ones. On the CPU each run measures, so there is no pick to judge."""
     metrics, checks = gpu_check.auto_choice("cuda", H200)
     assert metrics["picks (without cudagraphs)"] == "eager" and metrics["faster (without cudagraphs)"] == "eager"
     assert metrics["picks (with cudagraphs)"] == "compile + cudagraphs"
@@ -160,8 +160,7 @@ def test_the_ppo_part_checks_that_compile_auto_picks_the_faster_variant():
     _, checks = gpu_check.auto_choice("cuda", {**H200, "compile": 226_000, "cudagraphs": 280_000})  # within 3%
     assert checks == {"picks the faster (without cudagraphs)": True, "picks the faster (with cudagraphs)": True}
     metrics, checks = gpu_check.auto_choice("cpu", {"eager": 100.0, "compile": 120.0})
-    assert metrics["picks (without cudagraphs)"] == "compile"
-    assert checks == {"picks the faster (without cudagraphs)": True}
+    assert metrics["picks (without cudagraphs)"] == "measured in the run" and checks == {}  # each CPU run decides
 
 
 def test_a_gpu_report_and_its_section_of_the_benchmarks_page(tmp_path):

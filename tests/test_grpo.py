@@ -464,20 +464,6 @@ def test_compiled_functions_agree_with_eager():
     compiled_grads_match(grpo.grpo_loss, actor, mb, args)
 
 
-@pytest.mark.parametrize(
-    "setting, pays_after, enabled", [("auto", 13, False), ("auto", 12, True), ("on", 10**9, True), ("off", 1, False)]
-)
-def test_auto_compiles_only_runs_long_enough_to_pay(tmp_path, monkeypatch, setting, pays_after, enabled):
-    """--compile auto compiles a run that plans at least COMPILE_PAYS_AFTER minibatch updates (here 3 iterations x
-    2 epochs x 2 minibatches = 12); on always, off never."""
-    asked = []
-    assert grpo.COMPILE_PAYS_AFTER == 10_000
-    monkeypatch.setattr(grpo, "COMPILE_PAYS_AFTER", pays_after)
-    monkeypatch.setattr(grpo.shared, "compiler", lambda on, device, say: asked.append(on) or (lambda fn: fn))
-    main(tiny_args(tmp_path, num_steps=4, total_timesteps=3 * 8 * 4, eval_freq=0, save_freq=0, compile=setting))
-    assert asked == [enabled]
-
-
 def test_ref_checkpoint_from_ppo_is_reference_and_start(tmp_path):
     """A ppo_continuous checkpoint (actor + critic) -> the reference policy and the initial policy."""
     from cleanrl_embodied import ppo_continuous as ppo

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -219,10 +220,7 @@ def test_compile_flag_trains_and_saves_plain_state_dict(tmp_path):
     """--compile trains as the eager run does (same seed: the same weights up to float rounding, which an
     update that did nothing, or another one, would not give) and saves the plain module's state dict."""
     common = dict(total_timesteps=2 * 8 * 10, eval_freq=0, num_eval_episodes=4, norm_obs=True)
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(fallback_random=True):  # compiled sampling draws what eager draws
-        runs = {c: ppo.main(tiny_args(tmp_path / c, compile=c, **common)) for c in ("on", "off")}
+    runs = {c: ppo.main(tiny_args(tmp_path / c, compile=c, **common)) for c in ("on", "off")}  # (eager's draws)
     compiled, eager = (
         torch.load(Path(runs[c]["run_dir"]) / "checkpoints" / "last.pt", weights_only=True) for c in ("on", "off")
     )
@@ -245,8 +243,10 @@ def test_ctrl_c_writes_last_checkpoint_and_summary(tmp_path):
 
 def test_default_ppo_learns_to_push_the_cube(tmp_path):
     """A short but real run at the default hyperparameters: a random policy succeeds in < 5% of
-    episodes (tests/test_push_cube.py), PPO must get most eval episodes right after 200k steps."""
-    out = ppo.main(ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0, save_freq=0))
+    episodes (tests/test_push_cube.py), PPO must get most eval episodes right after 200k steps. Eager: `--compile
+    auto` compiles where an iteration is slow enough for it to pay, and the run then differs by rounding."""
+    args = ppo.Args(output_dir=str(tmp_path), total_timesteps=200_000, cuda=False, eval_freq=0, save_freq=0)
+    out = ppo.main(dataclasses.replace(args, compile="off"))
     assert out["eval"]["success_rate"] >= 0.8, out["eval"]
 
 

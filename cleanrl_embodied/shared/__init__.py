@@ -16,7 +16,7 @@ from cleanrl_embodied.shared.checkpoints import (
     without_privileged_critic,
 )
 from cleanrl_embodied.shared.cli import RunArgs, check_args, fail, flag
-from cleanrl_embodied.shared.compilation import compile_choice, compiler
+from cleanrl_embodied.shared.compilation import Compiler, compile_choice
 from cleanrl_embodied.shared.device import autocast, pick_device
 from cleanrl_embodied.shared.distributed import (
     broadcast_model,
@@ -59,6 +59,7 @@ __all__ = [
     "BUILTIN_ENV_IDS",
     "PRIVILEGED_KEY",
     "VOCAB_SIZE",
+    "Compiler",
     "EnvOptions",
     "Evaluator",
     "NonFiniteWatch",
@@ -80,7 +81,6 @@ __all__ = [
     "check_in_sync",
     "chunk_space",
     "compile_choice",
-    "compiler",
     "describe_trainer",
     "copy_unsharded_into",
     "env_record",

@@ -60,10 +60,10 @@ class RunArgs:
     """stop after this many optimizer steps in a row skipped for a non-finite loss or gradient"""
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the update (loss, backward, gradient clipping, optimizer step) and the rollout's policy step;
-    auto: where it was measured to be faster and the run plans enough minibatch updates for it to pay (the trainer's
-    COMPILE_PAYS_AFTER): on the CPU; on CUDA only with --cudagraphs (compiled without CUDA graphs ran slower than
-    eager on an H200), so eager in the trainers without that flag; elsewhere eager (shared.compile_choice). Eager
-    where compiling does not work here"""
+    auto: on the CPU, time the second iteration and compile when the iterations left would save more than compiling
+    costs (as earlier runs of this configuration measured it here, or ours); on CUDA only with --cudagraphs (compiled
+    without CUDA graphs ran slower than eager on an H200); elsewhere eager (shared.compile_choice). Eager where
+    compiling does not work here"""
     policy: str | None = None
     """build the agent with this `module:factory` instead of the script's own network (docs/policies.md)"""
     policy_kwargs: str = "{}"

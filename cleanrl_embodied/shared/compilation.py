@@ -1,26 +1,86 @@
-"""Whether and how a trainer compiles its pure functions: ``compile_choice`` (``--compile`` auto/on/off: where
-compiling was measured to pay) and ``compiler`` (torch.compile where it works here, else the functions as they are,
-said in one line), with torch.compile's irrelevant first-compilation warnings dropped."""
+"""Whether and how a trainer compiles its pure functions (``--compile`` auto/on/off).
+
+``compile_choice`` is the rule per device; ``Compiler`` wraps the functions and, under ``auto`` on the CPU, decides
+from what the run measures: the second iteration is timed eager, and the run compiles when what compiling would save
+over the iterations left exceeds what compiling costs. The compiled iteration's speed and the compile's cost come
+from earlier runs of the same configuration on this machine (a small JSON file, ``compile_times_path``), or, with
+none, from our own measurement (``CPU_COMPILED_RATIO``, ``CPU_COMPILE_S``). Every run adds what it measured.
+
+Compiled code draws its random numbers as eager code does (Inductor's ``fallback_random``), so the choice changes
+what a run computes only by float rounding; a resumed run keeps the choice its checkpoint recorded."""
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import json
 import logging
+import os
+import statistics
+import time
 from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["QUIET_COMPILE_WARNINGS", "compile_choice", "compiler"]
+from cleanrl_embodied.shared.atomic_files import atomic_write
+from cleanrl_embodied.shared.device import device_name
+
+__all__ = ["QUIET_COMPILE_WARNINGS", "Compiler", "compile_choice", "compile_times_path"]
+
+CPU_COMPILED_RATIO = 0.73
+"""A compiled iteration's time over an eager one's, on the CPU, where no earlier run of the configuration measured
+it: ppo_continuous on PushCubeRL at its defaults, 0.146 s against 0.200 s per iteration on a 2-core CPU
+(docs/benchmarks.md, "Compiling on the CPU: what it costs and saves")."""
+
+CPU_COMPILE_S = 12.0
+"""What compiling costs on the CPU, in seconds of the first compiled iterations over the steady ones, where no
+earlier run of the configuration measured it: ppo_continuous at its defaults with Inductor's caches empty
+(docs/benchmarks.md, "Compiling on the CPU: what it costs and saves"). With its caches warm it was about 2 s."""
+
+WINDOW = 8
+"""Iterations a run times in a mode (eager, or compiled from its first compiled iteration) before it records them:
+the median is the steady iteration, and what the iterations took beyond it is the compile's cost."""
+
+NOT_WORK = frozenset(
+    {
+        "seed", "total_timesteps", "exp_name", "output_dir", "track", "wandb_project_name", "wandb_entity",
+        "capture_video", "eval_freq", "save_freq", "resume", "eval_checkpoint", "compile", "num_eval_envs",
+        "num_eval_episodes", "eval_deterministic", "eval_env_kwargs", "max_consecutive_skips", "learning_rate",
+        "anneal_lr", "target_kl", "torch_deterministic", "cuda", "trust_remote_code",
+    }
+)  # fmt: skip
+"""Flags that leave what one training iteration does unchanged: runs that differ only in them share their
+measurements (the seed, the length of the run, where it goes, how it is evaluated and kept)."""
 
 
-@functools.cache
-def _compile_works(device_type: str) -> str | None:
-    """None if torch.compile builds and runs code for this device type here, else why not (one line)."""
-    try:
-        torch.compile(lambda x: torch.tanh(x) * 2 + 1)(torch.ones(4, device=device_type))
+def compile_times_path() -> Path:
+    """Where this machine's compile measurements are kept: ``$CLEANRL_EMBODIED_COMPILE_TIMES``, else
+    ``compile_times.json`` under ``$XDG_CACHE_HOME/cleanrl_embodied`` (``~/.cache`` by default)."""
+    if os.environ.get("CLEANRL_EMBODIED_COMPILE_TIMES"):
+        return Path(os.environ["CLEANRL_EMBODIED_COMPILE_TIMES"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "cleanrl_embodied" / "compile_times.json"
+
+
+def compile_choice(setting: str, device_type: str, cudagraphs: bool = False) -> bool | None:
+    """Whether a run compiles its update and policy step: ``--compile`` (``setting``) ``on`` always, ``off`` never;
+    ``auto`` by device type (``device_type``):
+
+    - ``cpu``: ``None``, decided by measurement (``Compiler.after_iteration``). The compiled update was faster in
+      steady state on a 2-core CPU, but compiling costs seconds, which a short run does not win back.
+    - ``cuda``: compiles only with CUDA graphs (``cudagraphs``: the trainer's ``--cudagraphs``), else eager. On an
+      H200, ppo_continuous at 4096 envs ran 221,697 env steps/s eager, 187,905 compiled without CUDA graphs (the
+      step is launch-bound there, and compiling alone does not remove the launches) and 277,303 compiled with them
+      (docs/results/gpu-h200-2026-11-26). benchmarks/gpu_check.py's ppo part measures these again on every lent
+      GPU and checks that this choice is the faster one.
+    - any other device: eager (nothing measured)."""
+    if setting != "auto":
+        return setting == "on"
+    if device_type == "cpu":
         return None
-    except Exception as e:  # noqa: BLE001 - a missing compiler, Triton, an unsupported Python: all mean "eager"
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return device_type == "cuda" and cudagraphs
 
 
 QUIET_COMPILE_WARNINGS = {
@@ -40,41 +100,146 @@ class _DropMessages(logging.Filter):
         return not str(record.msg).startswith(self.start)
 
 
-@functools.cache
 def _quiet_compile_warnings() -> None:
     for name, start in QUIET_COMPILE_WARNINGS.items():
-        logging.getLogger(name).addFilter(_DropMessages(start))
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(start))
 
 
-def compile_choice(setting: str, device_type: str, updates: int, pays_after: int, cudagraphs: bool = False) -> bool:
-    """Whether a run compiles its update and policy step: ``--compile`` (``setting``) ``on`` always, ``off`` never,
-    and ``auto`` where it was measured to be faster on this kind of device (``device_type``), for a run that plans
-    at least ``pays_after`` minibatch updates (``updates``; compiling costs about 10 s once per process):
-
-    - ``cpu``: compiles. The compiled update was 1.1-1.4x faster in steady state on a 2-core CPU
-      (docs/benchmarks.md, "Speed, CPU" and "The update, compiled").
-    - ``cuda``: compiles only with CUDA graphs (``cudagraphs``: the trainer's ``--cudagraphs``), else eager. On an
-      H200, ppo_continuous at 4096 envs ran 221,697 env steps/s eager, 187,905 compiled without CUDA graphs (the
-      step is launch-bound there, and compiling alone does not remove the launches) and 277,303 compiled with them
-      (docs/results/gpu-h200-2026-11-26). benchmarks/gpu_check.py's ppo part measures these again on every lent GPU
-      and checks that this choice is the faster one.
-    - any other device: eager (nothing measured)."""
-    if setting != "auto":
-        return setting == "on"
-    if updates < pays_after:
-        return False
-    return device_type == "cpu" or (device_type == "cuda" and cudagraphs)
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
-def compiler(enabled: bool, device: torch.device, say: Callable[[str], None]) -> Callable:
-    """A function that wraps the update's pure functions: ``torch.compile`` when ``enabled`` (the trainer decides
-    with :func:`compile_choice`), else, or where compiling does not work on this machine (``say`` tells
-    why, once), the identity: the same functions run eager."""
-    if not enabled:
-        return lambda fn: fn
-    _quiet_compile_warnings()
-    reason = _compile_works(device.type)
-    if reason is not None:
-        say(f"warning: --compile: torch.compile does not work here ({reason}); the update runs eager")
-        return lambda fn: fn
-    return torch.compile
+def _failed_to_compile(error: RuntimeError) -> bool:
+    from torch._dynamo.exc import BackendCompilerFailed  # (a missing C++ compiler or Triton: Inductor's errors)
+
+    return isinstance(error, BackendCompilerFailed)
+
+
+def _run_on_rank_0(decide: Callable[[], bool]) -> bool:
+    """``decide()`` on rank 0, its answer on every rank (one broadcast); just ``decide()`` outside torch.distributed.
+    Every rank must compile or none: their optimizer steps would otherwise round differently."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return decide()
+    box = [decide() if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
+class Compiler:
+    """Wraps a trainer's pure functions (``compiled = Compiler(...)``, then ``compiled(fn)``) and decides whether they
+    run compiled.
+
+    - ``setting``, ``device``, ``cudagraphs``: ``--compile``, the run's device and ``--cudagraphs`` (see
+      ``compile_choice``). ``say`` prints one line: the decision and why, or why compiling does not work here.
+    - ``trainer`` (``describe_trainer``) and ``flags`` (the run's flags as a dict) name the configuration whose
+      measurements are kept and reused: the file's hash and the flags that change what an iteration does.
+    - ``decided``: the choice a checkpoint recorded (``self.on``); a resumed ``auto`` run keeps it.
+
+    The trainer calls ``after_iteration(iterations_left)`` once per training iteration, after its update and
+    before its evaluation and checkpoint (which then record the choice). A wrapped function runs eager until the run
+    decides to compile; compiled, it falls back to eager for good (one line) if torch.compile cannot build code
+    here."""
+
+    def __init__(self, setting: str, device: torch.device, say: Callable[[str], None], trainer: dict[str, Any],
+                 flags: dict[str, Any], cudagraphs: bool = False, decided: bool | None = None):  # fmt: skip
+        self.device, self.say = device, say
+        self.on = compile_choice(setting, device.type, cudagraphs)
+        if self.on is None and decided is not None:
+            self.on = bool(decided)
+            say(f"compile: {'on' if self.on else 'off'} (auto: as the run this one resumes decided)")
+        work = {k: v for k, v in sorted(flags.items()) if k not in NOT_WORK}
+        digest = hashlib.sha256(json.dumps([trainer["sha256"], work], default=str).encode()).hexdigest()[:16]
+        self.key = f"{trainer['script']} {digest} on {device_name(device)} with torch {torch.__version__}"
+        self.times: list[float] = []  # seconds per iteration in the current mode
+        self.mode = None if self.on is None else ("compiled" if self.on else "eager")
+        self.started = self.last = None  # when the first wrapped call ran; when the last iteration ended
+        self.eager_s: float | None = None  # the eager iteration an auto run timed before it compiled
+        self.recorded = False
+
+    # ---- the wrapped functions ----
+    def __call__(self, fn: Callable) -> Callable:
+        if self.on is False:
+            return fn
+        compiled = None
+
+        def run(*args, **kwargs):
+            nonlocal compiled
+            if self.started is None:
+                self.started = time.perf_counter()
+            if not self.on:
+                return fn(*args, **kwargs)
+            try:
+                if compiled is None:
+                    _quiet_compile_warnings()
+                    compiled = torch.compile(fn, options={"fallback_random": True})  # eager's random numbers
+                return compiled(*args, **kwargs)
+            except RuntimeError as e:  # (torch.compile refusing this Python, or dynamo's BackendCompilerFailed)
+                if compiled is not None and not _failed_to_compile(e):
+                    raise  # an error of the function itself, not of compiling it
+                self.on, self.mode = False, None  # for every wrapped function, from now on
+                self.say(f"warning: --compile: torch.compile does not work here ({_one_line(e)}); the run goes eager")
+                return fn(*args, **kwargs)
+
+        return run
+
+    # ---- the decision and the measurements ----
+    def after_iteration(self, iterations_left: int) -> None:
+        """Time the iteration that just ended; under ``auto`` on the CPU decide after the second; record what this
+        run measured once ``WINDOW`` iterations of one mode are timed."""
+        now = time.perf_counter()
+        start = self.last if self.last is not None else (self.started if self.mode == "compiled" else None)
+        self.last = now
+        if start is not None:
+            self.times.append(now - start)
+        if self.on is None and self.times:
+            self.on = _run_on_rank_0(lambda: self._decide(self.times[-1], iterations_left))
+            self.mode = "compiled" if self.on else "eager"
+            if self.on:  # the eager iteration is kept with the compiled ones' measurements
+                self.eager_s, self.times = self.times[-1], []
+        if not self.recorded and self.mode is not None and len(self.times) >= WINDOW:
+            self.recorded = True
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
+                torch.distributed.get_rank() == 0
+            ):
+                self._record(self.times)
+
+    def _decide(self, eager_s: float, iterations_left: int) -> bool:
+        known = _read_times().get(self.key, {})
+        ratio = known["compiled_s"] / known["eager_s"] if {"compiled_s", "eager_s"} <= known.keys() else None
+        cost = known.get("compile_s")
+        measured = (ratio is not None) + (cost is not None)
+        source = ["our measurement; none on this machine yet", "partly measured here", "measured here"][measured]
+        ratio = CPU_COMPILED_RATIO if ratio is None else ratio
+        cost = CPU_COMPILE_S if cost is None else cost
+        saving = iterations_left * eager_s * (1.0 - ratio)
+        on = saving > cost
+        self.say(
+            f"compile: {'on' if on else 'off'} (auto: an eager iteration took {eager_s:.3f} s; compiled ones take "
+            f"{ratio:.2f}x that and compiling {cost:.1f} s ({source}): {iterations_left} iterations left would save "
+            f"{saving:.1f} s)"
+        )
+        return on
+
+    def _record(self, times: list[float]) -> None:
+        steady = statistics.median(times)
+        if self.mode == "eager":
+            entry = {"eager_s": steady}
+        else:  # (the eager iteration an auto run timed, with them: both from one run, on one machine load)
+            entry = {"compiled_s": steady, "compile_s": sum(max(0.0, t - steady) for t in times)}
+            entry.update({} if self.eager_s is None else {"eager_s": self.eager_s})
+        try:
+            record = _read_times()
+            record[self.key] = {**record.get(self.key, {}), **entry, "date": date.today().isoformat()}
+            atomic_write(compile_times_path(), lambda f: f.write(json.dumps(record, indent=1).encode()))
+        except OSError as e:  # a read-only home: the next run decides from our measurement again
+            self.say(f"warning: --compile: could not record compile times in {compile_times_path()} ({e})")
+
+
+def _read_times() -> dict[str, dict[str, Any]]:
+    try:
+        record = json.loads(compile_times_path().read_text())
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
