@@ -39,6 +39,11 @@ STALE_BANNER = "> **Stale:**"
 """The first line of a stale report's markdown starts with this (and says which fingerprints moved, since when)."""
 
 # What each script's numbers depend on, besides the env fingerprint of the env it runs (`ENV_FINGERPRINTS`).
+COMPILED_FINGERPRINTS = {"ppo_continuous": "ppo_continuous-compiled"}
+"""The fingerprint of a trainer's compiled path: a command with `--compile on` depends on it too. (A `--compile auto`
+run decides by measuring, and its summary.json says which path it took; a report that must be rerun bit for bit
+names on or off.)"""
+
 SCRIPT_FINGERPRINTS = {
     "ppo_continuous": ["ppo_continuous"],
     "ppo_recurrent": ["ppo_recurrent"],
@@ -147,6 +152,8 @@ def depends_on(command: str) -> list[str]:
     script = path.stem
     args = {**(script_defaults(script) if path.parent.name == "cleanrl_embodied" else {}), **flags(tokens[at + 1 :])}
     names = set(SCRIPT_FINGERPRINTS.get(script, []))
+    if args.get("compile") == "on" and script in COMPILED_FINGERPRINTS:
+        names.add(COMPILED_FINGERPRINTS[script])
     env_id = args.get("env_id")
     for kwargs in (_json_object(args.get("env_kwargs")), _json_object(args.get("eval_env_kwargs"))):
         images = kwargs.get("obs_mode") in IMAGE_OBS_MODES

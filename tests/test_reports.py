@@ -226,6 +226,9 @@ def test_depends_on_reads_the_script_env_pixels_and_policy_of_a_command():
     ]
     vla = "python cleanrl_embodied/grpo_vla.py --env-id PushCubeLangRL --policy examples.hf_vla:make_policy"
     assert provenance.depends_on(vla) == ["env-PushCubeLangRL", "grpo_vla", "hf_vla"]
+    compiled = "python cleanrl_embodied/ppo_continuous.py --env-id HalfCheetah-v5 --compile on"
+    assert provenance.depends_on(compiled) == ["ppo_continuous", "ppo_continuous-compiled"]
+    assert provenance.depends_on(compiled.replace("--compile on", "--compile off")) == ["ppo_continuous"]
 
 
 VLA_TARGET = json.dumps({"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"})
