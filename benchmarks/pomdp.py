@@ -280,7 +280,7 @@ def run_one(spec: RunSpec, run_dir: Path) -> dict:
     return {
         **record,
         "metrics": metrics,
-        "summary": {k: summary.get(k) for k in ("global_step", "wall_time_s", "sps", "eval", "versions")},
+        "summary": {k: summary.get(k) for k in ("global_step", "wall_time_s", "sps", "eval", "versions", "compiled")},
         "curves": suite.read_curves(summaries[0].parent),
     }
 
@@ -434,14 +434,20 @@ def push_table(runs: list[dict], experiment: str) -> str:
 
 
 def compile_note(runs: list[dict]) -> str:
-    """What `--compile auto` picked for these runs (from the minibatch updates they plan)."""
+    """What `--compile auto` picked for these runs: each run's summary.json says (`compiled`); runs from before it
+    did were decided by the minibatch updates they planned (10,000 or more compiled)."""
+    said = [(r.get("summary") or {}).get("compiled") for r in runs]
+    if any(c is not None for c in said):
+        compiled = sum(bool(c) for c in said)
+        return (f" `--compile auto` (the default) decides by measuring each run's second iteration: {compiled} of "
+                f"{len(said)} runs compiled.")  # fmt: skip
     updates = sorted({r["metrics"]["planned_updates"] for r in runs if r["metrics"].get("planned_updates")})
     if not updates:
         return ""
     planned = f"{updates[0]:,}" if len(updates) == 1 else f"{updates[0]:,} to {updates[-1]:,}"
     verdict = "so all ran eager" if updates[-1] < 10_000 else "so those at 10,000 or more compiled"
-    return (f" `--compile auto` (the default) compiles a run that plans 10,000 minibatch updates or more; these plan "
-            f"{planned}, {verdict}.")  # fmt: skip
+    return (f" At these runs' commits `--compile auto` (the default) compiled a run that planned 10,000 minibatch "
+            f"updates or more; these plan {planned}, {verdict}.")  # fmt: skip
 
 
 def push_section(runs: list[dict], data: dict, experiment: str, image_prefix: str, out: Path) -> list[str]:
