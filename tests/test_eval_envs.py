@@ -59,10 +59,13 @@ def test_eval_kwargs_leave_out_randomization_unless_they_name_it():
 
 def test_randomization_keys_are_ones_the_envs_take():
     """A renamed PushCubeRL option would silently be inherited by the eval envs: every key of the list is one of
-    PushCubeRL's parameters (or make_env's own randomize_interval), and every PushCubeRL parameter that
-    randomizes is in the list."""
+    PushCubeRL's parameters, make_env's own randomize_interval or the mjlab backend's init_at_random_ep_len, and
+    every PushCubeRL parameter that randomizes is in the list."""
+    from cleanrl_embodied.shared.envs.isaaclab_backend import ADAPTER_KWARGS
+
     params = set(inspect.signature(PushCubeRLVecEnv.__init__).parameters)
-    assert set(RANDOMIZATION_KWARGS) - params == {"randomize_interval"}
+    assert set(RANDOMIZATION_KWARGS) - params == {"randomize_interval", "init_at_random_ep_len"}
+    assert "init_at_random_ep_len" in ADAPTER_KWARGS
     randomizing = {p for p in params if p.startswith(("randomize", "event_")) or p.endswith(("_range", "_noise_std"))}
     assert randomizing - {"cube_xy_range", "cube_yaw_range"} <= set(RANDOMIZATION_KWARGS)  # start-state spread: task
 

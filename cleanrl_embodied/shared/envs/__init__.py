@@ -7,6 +7,8 @@ id (its docstring has the table); each backend lives in its own file:
 - built-in batched torch tasks (``BUILTIN_ENVS``: PushCubeRL), registered with Gymnasium on import, so
   ``gymnasium.make_vec("PushCubeRL", num_envs=N, device=...)`` works too: :mod:`.push_cube`;
 - ManiSkill3 ids (extra ``maniskill``, e.g. ``PushCube-v1``): :mod:`.maniskill_backend`;
+- Isaac Lab-API tasks: mjlab's (extra ``mjlab``), ``mjlab:<task>`` (e.g. ``mjlab:Mjlab-Velocity-Flat-Unitree-Go1``),
+  or ``module:<task>`` for a package that registers tasks with mjlab's registry: :mod:`.isaaclab_backend`;
 - Gymnasium ids with ``vectorization="envpool"`` (extra ``envpool``): :mod:`.envpool_backend`;
 - every other registered Gymnasium id with a Box action space (MuJoCo ids with the extra ``mujoco``): numpy
   sub-envs -> :func:`~.gymnasium_backend.make_gymnasium_env` in :mod:`.gymnasium_backend`;
@@ -33,7 +35,11 @@ import torch
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import VectorEnv
 
-from cleanrl_embodied.shared.envs import envpool_backend, maniskill_backend  # neither imports its package yet
+from cleanrl_embodied.shared.envs import (  # none imports its package yet
+    envpool_backend,
+    isaaclab_backend,
+    maniskill_backend,
+)
 from cleanrl_embodied.shared.envs.gymnasium_backend import make_gymnasium_env
 from cleanrl_embodied.shared.envs.wrappers import (
     EpisodeStatistics,
@@ -70,7 +76,9 @@ BUILTIN_ENV_IDS = tuple(BUILTIN_ENVS)
 
 # Env kwargs that randomize or disturb an env (domain randomization ranges, noise, events): the eval envs do not
 # inherit them from --env-kwargs, so evaluation measures the nominal task unless --eval-env-kwargs names them.
-# PushCubeRL's (docs/env-contract.md) and make_env's own ``randomize_interval``; other envs' kwargs are inherited.
+# PushCubeRL's (docs/env-contract.md), make_env's own ``randomize_interval`` and the mjlab backend's
+# ``init_at_random_ep_len`` (first episodes cut short at random: an evaluation would average partial episodes);
+# other envs' kwargs are inherited.
 RANDOMIZATION_KWARGS = (
     "randomize",
     "randomize_every",
@@ -81,6 +89,7 @@ RANDOMIZATION_KWARGS = (
     "obs_noise_std",
     "action_noise_std",
     "event_cube_shift_std",
+    "init_at_random_ep_len",
 )
 
 # make_env's own options that change what a policy sees (for every env id): a checkpoint resumes or evaluates only
@@ -158,8 +167,12 @@ def check_env_id(env_id: str) -> str:
     """Return the registry id of ``env_id`` (see :func:`resolve_env_id`), or raise a one-line ``ValueError`` if it is
     neither built in, nor a registered Gymnasium id, nor a ManiSkill id. ManiSkill is looked up (imported, seconds;
     only when installed) only for an id Gymnasium doesn't know, even after importing the ``module:`` part."""
+    if isaaclab_backend.mjlab_task_name(env_id) is not None:  # mjlab:<task>: mjlab's registry, not Gymnasium's
+        return isaaclab_backend.check_isaaclab_id(env_id)
     name = resolve_env_id(env_id)
     if name in BUILTIN_ENV_IDS or name in gym.registry or maniskill_backend.is_maniskill_id(name):
+        return name
+    if isaaclab_backend.is_isaaclab_task(name):  # module:<task>, the module registered it with mjlab
         return name
     close = difflib.get_close_matches(name, [*BUILTIN_ENV_IDS, *gym.registry], n=3, cutoff=0.75)
     if name != env_id:
@@ -172,7 +185,8 @@ def check_env_id(env_id: str) -> str:
     raise ValueError(
         f"--env-id {env_id!r} is unknown{hint}: use a built-in id ({', '.join(BUILTIN_ENV_IDS)}), any registered "
         "Gymnasium id (e.g. Pendulum-v1) or module:EnvId to import the package that registers it first; "
-        "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`"
+        "MuJoCo ids need `uv sync --extra mujoco`, ManiSkill ids need `uv sync --extra maniskill`, mjlab's tasks "
+        "are mjlab:<task> (`uv sync --extra mjlab`)"
     )
 
 
@@ -193,6 +207,7 @@ def make_env(
     =======================================  ====================================================  ====================
     a built-in id (``BUILTIN_ENVS``)         the batched torch task, through ``gym.make_vec``      push_cube/
     a ManiSkill id (e.g. PushCube-v1)        ManiSkill's GPU or CPU simulation                     maniskill_backend.py
+    ``mjlab:<task>`` (Isaac Lab API)         mjlab's ManagerBasedRlEnv on MuJoCo Warp (CPU/CUDA)  isaaclab_backend.py
     Gymnasium id, ``vectorization=envpool``  EnvPool's C++ thread pool                             envpool_backend.py
     any other registered Gymnasium id        numpy sub-envs (sync / async) -> GymnasiumToTorch     gymnasium_backend.py
     =======================================  ====================================================  ====================
@@ -225,12 +240,20 @@ def make_env(
     Bad input (unknown id, bad ``num_envs``, non-Box action space, missing extra) raises a one-line
     ValueError.
     """
-    env_id = check_env_id(env_id)  # "module:EnvId" -> "EnvId", the module imported
+    lab_task = isaaclab_backend.mjlab_task_name(env_id) is not None
+    env_id = check_env_id(env_id)  # "module:EnvId" -> "EnvId", the module imported; "mjlab:<task>" -> "<task>"
+    lab_task = lab_task or (env_id not in BUILTIN_ENVS and env_id not in gym.registry
+                            and isaaclab_backend.is_isaaclab_task(env_id))  # fmt: skip
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"--num-envs must be a positive integer, got {num_envs!r}")
     num_envs = int(num_envs)
     if vectorization not in ("sync", "async", "envpool"):
         raise ValueError(f"--env-vectorization must be 'sync', 'async' or 'envpool', got {vectorization!r}")
+    if lab_task and vectorization != "sync":
+        raise ValueError(
+            f"--env-vectorization {vectorization}: an mjlab task steps all its envs in one MuJoCo Warp simulation; "
+            "leave it at sync"
+        )
     randomize_interval = env_kwargs.pop("randomize_interval", None)
     info_keys = env_kwargs.pop("info_keys", ())  # Gymnasium and EnvPool ids; the other backends pass all entries
     obs_indices, obs_keys = env_kwargs.pop("obs_indices", None), env_kwargs.pop("obs_keys", None)
@@ -241,7 +264,9 @@ def make_env(
         obs_keys = observation_keys(obs_keys)
     flatten = False if obs_keys is not None else flatten_obs  # obs_keys: the backend keeps the Dict, flattened below
 
-    if env_id in BUILTIN_ENVS:
+    if lab_task:
+        env = isaaclab_backend.make_isaaclab_env(env_id, num_envs, device, seed, flatten_obs=flatten, **env_kwargs)
+    elif env_id in BUILTIN_ENVS:
         env = gym.make_vec(env_id, num_envs=num_envs, device=device, seed=seed, **env_kwargs)
         if flattens(env.single_observation_space, flatten):
             env = FlattenDictObservation(env)
