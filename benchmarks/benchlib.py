@@ -20,6 +20,7 @@ SCRIPTS_DIR = REPO / "cleanrl_embodied"
 CONFIG_DIR = BENCH / "configs"
 RESULTS_DIR = REPO / "docs" / "results"  # plots and reports: under the docs site's folder, which serves them
 RESULTS_MD = REPO / "docs" / "benchmarks.md"  # the site's benchmarks page: each suite writes its own section
+ARCHIVE_MD = REPO / "docs" / "benchmarks-archive.md"  # the sections of stale reports, moved off RESULTS_MD
 
 
 # ---- machine and software ----------------------------------------------------------------------
@@ -162,8 +163,12 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def write_section(md_path: Path, name: str, body: str) -> None:
     """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->` in md_path (append the
-    section at the end if it is not there yet), so re-running a suite updates its own part only."""
+    section at the end if it is not there yet), so re-running a suite updates its own part only. A section of the
+    benchmarks page that was moved to the archive page (ARCHIVE_MD) is updated there; tests/test_reports.py then
+    asks for it to be moved back, now that it is fresh."""
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    if Path(md_path) == RESULTS_MD and ARCHIVE_MD.is_file() and begin in ARCHIVE_MD.read_text():
+        md_path = ARCHIVE_MD
     text = md_path.read_text() if md_path.exists() else "# Benchmark results\n"
     block = f"{begin}\n{body.strip()}\n{end}"
     if begin in text and end in text:

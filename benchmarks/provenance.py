@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, RESULTS_DIR, RESULTS_MD, describe_machine, machine_info  # noqa: E402
+from benchlib import ARCHIVE_MD, REPO, RESULTS_DIR, RESULTS_MD, describe_machine, machine_info  # noqa: E402
 
 GOLDEN_DIR = REPO / "tests" / "golden"
 FILE = "provenance.json"
@@ -326,7 +326,7 @@ def banner(report: Path, prov: dict) -> str:
 
 def mark_stale(report: Path, why: str) -> None:
     """Record in provenance.json that `report` is stale, and put a banner at the top of its markdown page and of its
-    section in docs/benchmarks.md (between its BEGIN/END markers)."""
+    section in docs/benchmarks.md or docs/benchmarks-archive.md (between its BEGIN/END markers)."""
     prov = load(report)
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     prov["stale"] = {"since": today, "why": why}
@@ -338,13 +338,15 @@ def mark_stale(report: Path, why: str) -> None:
             text = text.split("\n\n", 1)[1] if "\n\n" in text else ""
         page.write_text(banner(report, prov) + "\n\n" + text)
     begin = f"<!-- BEGIN {report.name} -->\n"
-    if RESULTS_MD.is_file() and begin in RESULTS_MD.read_text():
-        head, rest = RESULTS_MD.read_text().split(begin, 1)
+    for md in (RESULTS_MD, ARCHIVE_MD):  # (its section is on the benchmarks page or the archive)
+        if not (md.is_file() and begin in md.read_text()):
+            continue
+        head, rest = md.read_text().split(begin, 1)
         blocks = rest.lstrip("\n").split("\n\n")
         blocks = [b for b in blocks[:3] if not b.startswith(STALE_BANNER)] + blocks[3:]  # (an older banner)
         at = 1 if blocks[0].startswith("#") else 0  # under the section's own heading
         blocks.insert(at, banner(report, prov))
-        RESULTS_MD.write_text(head + begin + "\n" + "\n\n".join(blocks))
+        md.write_text(head + begin + "\n" + "\n\n".join(blocks))
 
 
 def main() -> int:

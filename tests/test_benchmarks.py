@@ -302,12 +302,27 @@ def test_results_land_in_the_documentation_site(monkeypatch):
     assert Path(importlib.import_module("push_cube_variants").Args().out).parent == docs / "results"
     assert (benchlib.REPO / importlib.import_module("recheck").Args().results / "runs.json").is_file()
 
-    text = benchlib.RESULTS_MD.read_text()
+    text = benchlib.RESULTS_MD.read_text() + benchlib.ARCHIVE_MD.read_text()  # (the stale ones in the archive)
     begins = re.findall(r"<!-- BEGIN (\S+) -->", text)
     assert {"quick-cpu", "full-cpu", "speed-cpu", "async-cpu", "vs-cleanrl-cpu"} <= set(begins)
     assert sorted(begins) == sorted(re.findall(r"<!-- END (\S+) -->", text)) and len(set(begins)) == len(begins)
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
     assert len(images) >= 10 and all((docs / image).is_file() for image in images), images
+    assert benchlib.ARCHIVE_MD.parent == docs and "benchmarks-archive.md" in (benchlib.REPO / "mkdocs.yml").read_text()
+
+
+def test_a_section_in_the_archive_is_rewritten_there(tmp_path, monkeypatch):
+    """A report measured again whose section was moved to the archive page gets its new text there (one copy, not a
+    second one appended to the benchmarks page); other sections go to the page named."""
+    main, archive = tmp_path / "benchmarks.md", tmp_path / "benchmarks-archive.md"
+    main.write_text("# B\n\n<!-- BEGIN a -->\nold a\n<!-- END a -->\n")
+    archive.write_text("# Archive\n\n<!-- BEGIN b -->\nold b\n<!-- END b -->\n")
+    monkeypatch.setattr(benchlib, "RESULTS_MD", main)
+    monkeypatch.setattr(benchlib, "ARCHIVE_MD", archive)
+    benchlib.write_section(main, "b", "new b")
+    benchlib.write_section(main, "a", "new a")
+    assert main.read_text() == "# B\n\n<!-- BEGIN a -->\nnew a\n<!-- END a -->\n"
+    assert archive.read_text() == "# Archive\n\n<!-- BEGIN b -->\nnew b\n<!-- END b -->\n"
 
 
 # ---- tiny real runs --------------------------------------------------------------------------------

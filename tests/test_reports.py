@@ -124,15 +124,27 @@ def section_anchors(benchmarks_md: Path) -> dict[str, set[str]]:
     return anchors
 
 
-def quoted(paragraph: str, page: Path, results: Path, anchors: dict[str, set[str]], inside: str | None) -> set[str]:
+REPORT_PAGES = ("benchmarks.md", "benchmarks-archive.md")
+"""The pages that hold the reports' sections: the benchmarks page (fresh reports first) and its archive."""
+
+
+def report_anchors(results: Path) -> dict[Path, dict[str, set[str]]]:
+    """`section_anchors` of each page of REPORT_PAGES beside `results`, by the page's resolved path."""
+    pages = [results.parent / name for name in REPORT_PAGES]
+    return {page.resolve(): section_anchors(page) for page in pages if page.is_file()}
+
+
+def quoted(paragraph: str, page: Path, results: Path, anchors: dict[Path, dict[str, set[str]]],
+           inside: str | None) -> set[str]:  # fmt: skip
     """The reports a paragraph of `page` quotes: those whose folder it links (a path into `results`) and those whose
-    section of docs/benchmarks.md it links (an anchor of `anchors`; not from inside that section, `inside`)."""
+    section of docs/benchmarks.md or its archive it links (an anchor of `anchors`, by page; not from inside that
+    section, `inside`)."""
     names = {m.group(1) for m in LINK.finditer(paragraph) if (results / m.group(1)).is_dir()}
-    benchmarks_md = (results.parent / "benchmarks.md").resolve()
     for target in TARGET.findall(paragraph):
         path, _, anchor = target.partition("#")
-        if anchor and ((page.parent / path).resolve() if path else page.resolve()) == benchmarks_md:
-            names |= {name for name, reach in anchors.items() if anchor in reach and name != inside}
+        on = anchors.get((page.parent / path).resolve() if path else page.resolve())
+        if anchor and on is not None:
+            names |= {name for name, reach in on.items() if anchor in reach and name != inside}
     return names
 
 
@@ -148,7 +160,7 @@ def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
         page = provenance.report_markdown(results / name)
         if page is not None and not page.read_text().startswith(provenance.STALE_BANNER):
             problems.append(f"{page.relative_to(root)} does not start with '{provenance.STALE_BANNER}'")
-    anchors = section_anchors(results.parent / "benchmarks.md")
+    anchors = report_anchors(results)
     for page in pages:
         inside = None  # the report section of docs/benchmarks.md a paragraph lies in
         for section in sections(page):
@@ -175,7 +187,8 @@ def test_a_stale_report_says_so_at_its_top_and_wherever_it_is_quoted():
 
 
 def test_a_report_section_is_reached_by_its_headings_and_those_it_lies_under():
-    anchors = section_anchors(RESULTS.parent / "benchmarks.md")
+    anchors = {**section_anchors(RESULTS.parent / "benchmarks.md"),
+               **section_anchors(RESULTS.parent / "benchmarks-archive.md")}  # fmt: skip
     assert anchors["vs-cleanrl-cpu"] == {"ours-vs-cleanrl-on-cleanrls-mujoco-settings-cpu"}
     assert anchors["vla-rl-cpu-split"] == {"vla-rl-from-behaviour-cloning-cpu_1"}  # (a second heading of that name)
     assert "vla-what-rl-adds-to-a-pretrained-base-from-few-demonstrations-cpu" in anchors["vla-fewshot-cpu"]
@@ -200,12 +213,49 @@ def test_a_figure_quoted_through_a_link_to_its_docs_section_says_stale(tmp_path,
             (copy / file.name).write_text(file.read_text())
     monkeypatch.setattr(provenance, "RESULTS_DIR", root / "docs" / "results")
     monkeypatch.setattr(provenance, "RESULTS_MD", root / "docs" / "benchmarks.md")
+    monkeypatch.setattr(provenance, "ARCHIVE_MD", root / "docs" / "benchmarks-archive.md")
     pages = [root / p.relative_to(REPO) for p in PAGES]
     assert unmarked_quotes(pages, root / "docs" / "results") == []  # the copy passes as the docs do
     provenance.mark_stale(root / "docs" / "results" / "vs-cleanrl-cpu", "the numbers of ppo_continuous moved (a test)")
     problems = [p for p in unmarked_quotes(pages, root / "docs" / "results") if "quotes vs-cleanrl-cpu" in p]
     assert {p.split(":")[0] for p in problems} == {"README.md", "docs/ppo_continuous.md"}, problems
     assert any(p.startswith("README.md") and "| what | result |" in p for p in problems), problems  # the Results row
+
+
+def chapters(page: Path) -> list[tuple[str, set[str]]]:
+    """The page's `##` chapters in order, each with the reports whose sections (BEGIN/END markers) it holds; a
+    section that opens with its own heading belongs to the chapter of that heading."""
+    text = page.read_text()
+    out: list[tuple[str, set[str]]] = []
+    pending: set[str] = set()  # a marker just before a heading: its section opens that chapter
+    for m in re.finditer(r"^## (.+)$|<!-- BEGIN (\S+) -->", text, flags=re.M):
+        if m.group(1):
+            out.append((m.group(1), pending))
+            pending = set()
+        elif re.match(r"\s*## ", text[m.end() :]):
+            pending = {m.group(2)}
+        elif out:
+            out[-1][1].add(m.group(2))
+    return out
+
+
+def test_the_benchmarks_page_leads_with_fresh_reports_and_the_archive_holds_only_stale_ones():
+    """docs/benchmarks.md: no chapter whose reports are all stale comes before one with a fresh report;
+    docs/benchmarks-archive.md: every report it holds is stale (one measured again goes back to the benchmarks page)."""
+    stale = {r.name for r in REPORTS if (r / provenance.FILE).is_file() and provenance.load(r)["stale"]}
+    known = {r.name for r in REPORTS if (r / provenance.FILE).is_file()}
+    main = chapters(RESULTS.parent / "benchmarks.md")
+    kinds = []
+    for heading, names in main:
+        names &= known
+        kinds.append((heading, "stale" if names and names <= stale else "fresh" if names else "none"))
+    first_stale = next((i for i, (_, kind) in enumerate(kinds) if kind == "stale"), len(kinds))
+    late = [h for h, kind in kinds[first_stale:] if kind == "fresh"]
+    assert not late, f"docs/benchmarks.md: fresh reports after a stale chapter: {late}"
+    fresh_in_archive = sorted({n for _, names in chapters(RESULTS.parent / "benchmarks-archive.md") for n in names}
+                              & known - stale)  # fmt: skip
+    assert not fresh_in_archive, f"fresh reports in docs/benchmarks-archive.md, move them back: {fresh_in_archive}"
+    assert any(kind == "fresh" for _, kind in kinds) and len(chapters(RESULTS.parent / "benchmarks-archive.md")) > 3
 
 
 def test_the_fingerprint_names_reports_depend_on_exist():
@@ -318,6 +368,26 @@ def test_marking_a_report_stale_writes_the_banner_once(tmp_path, monkeypatch):
     assert text.startswith(provenance.STALE_BANNER) and text.count(provenance.STALE_BANNER) == 1
     assert text.endswith("# some suite\n\nfigures\n") and "benchmarks/run.py --suite quick" in text
     assert json.loads((report / provenance.FILE).read_text())["stale"]["why"].startswith("the numbers of grpo")
+
+
+def test_marking_a_report_stale_puts_the_banner_in_its_section_on_either_page(tmp_path, monkeypatch):
+    """The banner goes under the heading of the report's section, on the benchmarks page or in the archive."""
+    for name, on in (("on-main", "main"), ("in-archive", "archive")):
+        report = tmp_path / name
+        report.mkdir()
+        (report / "report.md").write_text("# r\n\nfigures\n")
+        (report / provenance.FILE).write_text(json.dumps({"commit": "a" * 40, "date": "d", "command": "c"}))
+        pages = {"main": tmp_path / "benchmarks.md", "archive": tmp_path / "benchmarks-archive.md"}
+        for which, page in pages.items():
+            section = f"<!-- BEGIN {name} -->\n## {name}\n\nfigures\n<!-- END {name} -->\n" if which == on else ""
+            page.write_text(f"# {which}\n\n{section}")
+        monkeypatch.setattr(provenance, "RESULTS_MD", pages["main"])
+        monkeypatch.setattr(provenance, "ARCHIVE_MD", pages["archive"])
+        provenance.mark_stale(report, "a test")
+        text = pages[on].read_text()
+        assert f"## {name}\n\n{provenance.STALE_BANNER}" in text and text.count(provenance.STALE_BANNER) == 1, text
+        other = pages["archive" if on == "main" else "main"].read_text()
+        assert provenance.STALE_BANNER not in other
 
 
 # ---- each run's commit: a report is judged by the golden files of the commits its runs ran at -----------------------
