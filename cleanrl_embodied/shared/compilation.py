@@ -36,8 +36,9 @@ it: ppo_continuous on PushCubeRL at its defaults, 0.146 s against 0.200 s per it
 
 CPU_COMPILE_S = 12.0
 """What compiling costs on the CPU, in seconds of the first compiled iterations over the steady ones, where no
-earlier run of the configuration measured it: ppo_continuous at its defaults with Inductor's caches empty
-(docs/benchmarks.md, "Compiling on the CPU: what it costs and saves"). With its caches warm it was about 2 s."""
+earlier run of the configuration measured it: ppo_continuous at its defaults with Inductor's caches empty, on the
+quiet 2-core CPU. With its caches warm it was about 2 s; with the machine loaded 35-61 s cold and 8-10 s warm
+(docs/benchmarks.md, "Compiling on the CPU: what it costs and saves")."""
 
 WINDOW = 8
 """Iterations a run times in a mode (eager, or compiled from its first compiled iteration) before it records them:
