@@ -66,6 +66,8 @@ SCRIPT_FINGERPRINTS = {
     "vla_fewshot": ["hf_vla", "grpo_vla", "ppo_vla", "env-PushCubeLangRL", "env-PushCubeLangRL-fewshot"],
     "vs_cleanrl": ["ppo_continuous"],
     "vs_mjlab": ["ppo_continuous"],  # mjlab's tasks have no fingerprint (the extra is not in the numerics tests' env)
+    "vs_rsl_rl": ["ppo_continuous", "env-PushCubeRL"],
+    "rsl_rl_push_cube": ["env-PushCubeRL"],  # rsl_rl's PPO on our PushCubeRL (vs_rsl_rl's peer)
     "speed": ["ppo_continuous", "env-PushCubeRL"],
     "update_vs": ["ppo_continuous"],
     "async_speed": ["ppo_vla_async"],
