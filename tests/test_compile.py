@@ -103,14 +103,12 @@ def test_compiled_and_eager_updates_agree_on_the_same_minibatch(name):
 
 
 class _Clock:
-    """time.perf_counter for compilation.py: the iteration lengths it is given, one per call after the first."""
+    """time.perf_counter for compilation.py: a clock the test moves."""
 
-    def __init__(self, *lengths: float):
-        self.now, self.lengths = 100.0, list(lengths)
+    def __init__(self):
+        self.now = 100.0
 
     def perf_counter(self) -> float:
-        if self.lengths:
-            self.now += self.lengths.pop(0)
         return self.now
 
 
@@ -120,14 +118,18 @@ def _compiler(setting: str = "auto", flags: dict | None = None, sha: str = "abc"
     return Compiler(setting, torch.device("cpu"), said.append, trainer, flags or {"num_envs": 8}, **kw), said
 
 
-def _iterations(monkeypatch, compiler: Compiler, lengths: tuple[float, ...], lefts) -> None:
-    """The trainer's loop as the compiler sees it, on a clock that moves by ``lengths``: a wrapped call at the start
-    (the first length: up to it), then one ``after_iteration`` per iteration (the first iteration's length, then the
-    others') with the iterations ``lefts``."""
-    monkeypatch.setattr(compilation, "time", _Clock(*lengths))
-    compiler(lambda: None)()
-    for left in lefts:
+def _iterations(monkeypatch, compiler: Compiler, lengths, lefts, between: float = 0.0) -> None:
+    """The trainer's loop as the compiler sees it: each iteration a wrapped call at its start (the rollout's first
+    policy step), ``lengths[i]`` seconds, then ``after_iteration(lefts[i])``; then ``between`` seconds of evaluation
+    and checkpoints, which call no wrapped function."""
+    clock = _Clock()
+    monkeypatch.setattr(compilation, "time", clock)
+    fn = compiler(lambda: None)
+    for length, left in zip(lengths, lefts, strict=True):
+        fn()
+        clock.now += length
         compiler.after_iteration(left)
+        clock.now += between
 
 
 def test_auto_decides_after_the_second_iteration_from_its_length_and_what_compiling_costs(monkeypatch):
@@ -137,7 +139,7 @@ def test_auto_decides_after_the_second_iteration_from_its_length_and_what_compil
     saving_per_iteration = 1.0 * (1 - 0.73)  # an eager iteration of 1 s
     for left, on in [(45, True), (44, False)]:  # 45 x 0.27 = 12.15 s > 12 s > 44 x 0.27 = 11.88 s
         compiler, said = _compiler()
-        _iterations(monkeypatch, compiler, (0.0, 9.0, 1.0), [left + 1, left])  # (the first, 9 s, warms up)
+        _iterations(monkeypatch, compiler, (9.0, 1.0), [left + 1, left], between=30.0)  # (the 1st, 9 s, warms up)
         assert compiler.on is on and compiler.mode == ("compiled" if on else "eager")
         assert said == [
             f"compile: {'on' if on else 'off'} (auto: an eager iteration took 1.000 s; compiled ones take 0.73x that"
@@ -149,15 +151,17 @@ def test_auto_decides_after_the_second_iteration_from_its_length_and_what_compil
 def test_auto_decides_from_this_machines_measurements_of_the_same_configuration(compile_times, monkeypatch):
     compiler, _ = _compiler()
     key = compiler.key
-    compile_times.write_text(json.dumps({key: {"eager_s": 2.0, "compiled_s": 1.0, "compile_s": 2.0}}))
+    # (the compiled run's own eager iteration, 2 s, not the 4 s of a later eager run beside another job)
+    times = {"eager_s": 4.0, "eager_s_paired": 2.0, "compiled_s": 1.0, "compile_s": 2.0}
+    compile_times.write_text(json.dumps({key: times}))
     for left, on in [(5, True), (4, False)]:  # half of each 1 s iteration saved: 2.5 s > 2 s; 2 s is not > 2 s
         compiler, said = _compiler()
-        _iterations(monkeypatch, compiler, (0.0, 1.0, 1.0), [left + 1, left])
+        _iterations(monkeypatch, compiler, (1.0, 1.0), [left + 1, left])
         assert compiler.on is on, said
         assert said[0].endswith(f"0.50x that and compiling 2.0 s (measured here): {left} iterations left would save "
                                 f"{left * 0.5:.1f} s)")  # fmt: skip
     other, said = _compiler(flags={"num_envs": 16})  # another configuration: nothing measured for it
-    _iterations(monkeypatch, other, (0.0, 1.0, 1.0), [5, 4])
+    _iterations(monkeypatch, other, (1.0, 1.0), [5, 4])
     assert other.on is False and "none on this machine yet" in said[0]
 
 
@@ -174,18 +178,24 @@ def test_each_run_records_what_it_measured_for_the_next(compile_times, monkeypat
     monkeypatch.setattr(compilation, "torch", _FakeCompile(torch))
     window = compilation.WINDOW
     eager, _ = _compiler("off")
-    _iterations(monkeypatch, eager, (0.0, *[0.5] * (window + 1)), range(window + 1, 0, -1))  # (the 1st: untimed)
+    _iterations(monkeypatch, eager, (9.0, *[0.5] * window), range(window + 1, 0, -1), 3.0)  # (the 1st: untimed)
     compiled, _ = _compiler("on")
-    _iterations(monkeypatch, compiled, (0.0, 5.0, 1.5, *[1.0] * (window - 2)), range(window, 0, -1))  # (from its call)
+    _iterations(monkeypatch, compiled, (5.0, 1.5, *[1.0] * (window - 2)), range(window, 0, -1), 3.0)  # (the 1st timed)
     (entry,) = json.loads(compile_times.read_text()).values()
-    assert entry == {"eager_s": 0.5, "compiled_s": 1.0, "compile_s": 4.5, "date": date.today().isoformat()}
+    assert entry == {
+        "eager_s": 0.5,
+        "compiled_s": 1.0,
+        "compile_s": 4.5,
+        "eager_s_paired": None,
+        "date": date.today().isoformat(),
+    }  # (the 3 s between iterations in none of them)
     # an auto run that compiled: the eager iteration it timed, with the compiled ones
     compile_times.write_text("{}")
     auto, _ = _compiler("auto")
     monkeypatch.setattr(compilation, "CPU_COMPILE_S", 0.0)
-    _iterations(monkeypatch, auto, (0.0, 9.0, 2.0, 3.0, *[1.0] * (window - 1)), range(window + 2, 0, -1))
+    _iterations(monkeypatch, auto, (9.0, 2.0, 3.0, *[1.0] * (window - 1)), range(window + 2, 0, -1))
     (entry,) = json.loads(compile_times.read_text()).values()
-    assert (entry["eager_s"], entry["compiled_s"], entry["compile_s"]) == (2.0, 1.0, 2.0)
+    assert (entry["eager_s_paired"], entry["compiled_s"], entry["compile_s"]) == (2.0, 1.0, 2.0)
 
 
 class _FakeCompile:
@@ -215,7 +225,8 @@ def test_compiled_functions_draw_eager_random_numbers_and_compile_at_their_first
     fake = _FakeCompile(torch)
     monkeypatch.setattr(compilation, "torch", fake)
     fn = lambda x: x + 1  # noqa: E731
-    assert _compiler("off")[0](fn) is fn
+    off = _compiler("off")[0](fn)
+    assert off(1) == 2 and fake.compiled == []  # (wrapped only to time the iterations)
     compiled, said = _compiler("on")
     wrapped = compiled(fn)
     assert fake.compiled == [] and wrapped(1) == 2 and wrapped(2) == 3

@@ -155,20 +155,19 @@ class Compiler:
         self.key = f"{trainer['script']} {digest} on {device_name(device)} with torch {torch.__version__}"
         self.times: list[float] = []  # seconds per iteration in the current mode
         self.mode = None if self.on is None else ("compiled" if self.on else "eager")
-        self.started = self.last = None  # when the first wrapped call ran; when the last iteration ended
+        self.iteration_start: float | None = None  # the first wrapped call since the last iteration ended
+        self.iterations = 0  # iterations ended
         self.eager_s: float | None = None  # the eager iteration an auto run timed before it compiled
         self.recorded = False
 
     # ---- the wrapped functions ----
     def __call__(self, fn: Callable) -> Callable:
-        if self.on is False:
-            return fn
         compiled = None
 
-        def run(*args, **kwargs):
+        def run(*args, **kwargs):  # (its first call after an iteration ends starts the next one's clock)
             nonlocal compiled
-            if self.started is None:
-                self.started = time.perf_counter()
+            if self.iteration_start is None:
+                self.iteration_start = time.perf_counter()
             if not self.on:
                 return fn(*args, **kwargs)
             try:
@@ -188,11 +187,14 @@ class Compiler:
     # ---- the decision and the measurements ----
     def after_iteration(self, iterations_left: int) -> None:
         """Time the iteration that just ended; under ``auto`` on the CPU decide after the second; record what this
-        run measured once ``WINDOW`` iterations of one mode are timed."""
+        run measured once ``WINDOW`` iterations of one mode are timed. An iteration runs from its first call of a
+        wrapped function (the rollout's first policy step) to this call: the evaluation and checkpoints between
+        iterations (which call none) are not part of it. The first eager iteration (warm-up) is not timed; the
+        first compiled one is (what it takes beyond the others is the compile's cost)."""
         now = time.perf_counter()
-        start = self.last if self.last is not None else (self.started if self.mode == "compiled" else None)
-        self.last = now
-        if start is not None:
+        start, self.iteration_start = self.iteration_start, None
+        self.iterations += 1
+        if start is not None and (self.mode == "compiled" or self.iterations > 1):
             self.times.append(now - start)
         if self.on is None and self.times:
             self.on = _run_on_rank_0(lambda: self._decide(self.times[-1], iterations_left))
@@ -208,7 +210,8 @@ class Compiler:
 
     def _decide(self, eager_s: float, iterations_left: int) -> bool:
         known = _read_times().get(self.key, {})
-        ratio = known["compiled_s"] / known["eager_s"] if {"compiled_s", "eager_s"} <= known.keys() else None
+        eager = known.get("eager_s_paired") or known.get("eager_s")  # (the compiled run's own eager iteration first)
+        ratio = known["compiled_s"] / eager if known.get("compiled_s") and eager else None
         cost = known.get("compile_s")
         measured = (ratio is not None) + (cost is not None)
         source = ["our measurement; none on this machine yet", "partly measured here", "measured here"][measured]
@@ -227,9 +230,9 @@ class Compiler:
         steady = statistics.median(times)
         if self.mode == "eager":
             entry = {"eager_s": steady}
-        else:  # (the eager iteration an auto run timed, with them: both from one run, on one machine load)
-            entry = {"compiled_s": steady, "compile_s": sum(max(0.0, t - steady) for t in times)}
-            entry.update({} if self.eager_s is None else {"eager_s": self.eager_s})
+        else:  # (with the eager iteration an auto run timed: both from one run, on one machine load)
+            entry = {"compiled_s": steady, "compile_s": sum(max(0.0, t - steady) for t in times),
+                     "eager_s_paired": self.eager_s}  # fmt: skip
         try:
             record = _read_times()
             record[self.key] = {**record.get(self.key, {}), **entry, "date": date.today().isoformat()}
