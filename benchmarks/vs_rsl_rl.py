@@ -43,8 +43,13 @@ starts); where the time goes (ours from its TensorBoard events and compile recor
 After the pairs, a probe on one thread: the interpreter's and ours' imports alone, a float32 matmul's rate at the
 update's shapes and at 1024^3, and ours' minibatch update (640 samples) eager and compiled, against its FLOPs. Ratios
 are rsl_rl's time over ours (above 1: ours is faster), pair by pair; the headline takes, per measure, rsl_rl's faster
-configuration in the run. Writes `--out`: report.md, runs.json (after every run), provenance.json, and the
-`vs-rsl-rl-cpu` section of docs/benchmarks.md; run directories go to `--out`/runs/ (not committed).
+configuration in the run. Before the pairs, every module either side imports is compiled to bytecode (`python -m
+compileall` over the environment's site-packages, the rsl_rl target and this repository's code): an installer does
+that (pip; uv with `--compile-bytecode`) or Python at a module's first import, except where PYTHONDONTWRITEBYTECODE
+is set, as on this project's machines, where every process would otherwise compile torch's source anew at its
+start (about 10 s more start-up on each side). Writes `--out`: report.md, runs.json (after every run),
+provenance.json, and the `vs-rsl-rl-cpu` section of docs/benchmarks.md; run directories go to `--out`/runs/ (not
+committed).
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ class Args:
     """what runs in each pair: ours (--compile auto), ours_off, ours_on, rsl_rl_eager, rsl_rl_compiled"""
     skip: int = 3
     """the steady state is the iterations after this one (its TensorBoard event to the last one's)"""
+    compile_bytecode: bool = True
+    """before the pairs, compile every module both sides import to bytecode (the module docstring says why)"""
     probe: bool = True
     """after the pairs: the start-up, matmul-rate and minibatch-update probe (one thread, about a minute)"""
     out: str = str(RESULTS_DIR / SECTION)
@@ -136,6 +143,15 @@ class RunSpec:
     seed: int
     command: list[str]  # without the run's own output paths (added by `run_one`)
     env: dict[str, str] = field(default_factory=dict)
+
+
+def bytecode_command(args: Args) -> list[str]:
+    """`python -m compileall` over what both sides import: site-packages, the rsl_rl target, this repository's code."""
+    import sysconfig
+
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return [sys.executable, "-m", "compileall", "-q", "-j", "0", *paths, args.rsl_rl_path,
+            str(SCRIPTS_DIR), str(BENCH)]  # fmt: skip
 
 
 def fail(message: str) -> None:
@@ -692,6 +708,10 @@ def main(args: Args) -> dict | list[RunSpec]:
             "versions": package_versions(), "git": git_info(), "runs": [], "finished": time.time(), "total_s": 0.0,
             "load_avg_end": None}  # fmt: skip
     start = time.time()
+    if args.compile_bytecode:
+        subprocess.run(bytecode_command(args), cwd=REPO, capture_output=True)  # (a file it cannot compile: no matter)
+        data["bytecode_s"] = round(time.time() - start, 1)
+        print(f"bytecode compiled in {data['bytecode_s']:.0f} s", flush=True)
     for i, spec in enumerate(specs, 1):
         record = run_one(spec, out / "runs" / f"pair{spec.pair}__{spec.method}", args.skip)
         data["runs"].append(record)

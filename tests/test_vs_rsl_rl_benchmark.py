@@ -43,6 +43,14 @@ def test_dry_run_plans_every_method_per_pair_alternating_with_one_thread_and_the
     assert all(s.env == {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/somewhere/rsl_rl"} for s in theirs.values())
 
 
+def test_bytecode_is_compiled_for_both_sides_before_the_pairs():
+    import sysconfig
+
+    command = vs.bytecode_command(vs.Args(rsl_rl_path="/somewhere/rsl_rl"))
+    assert command[:3] == [sys.executable, "-m", "compileall"]
+    assert {sysconfig.get_paths()["purelib"], "/somewhere/rsl_rl", str(REPO / "cleanrl_embodied")} <= set(command)
+
+
 def test_the_methods_asked_for_are_the_ones_planned():
     specs = vs.plan(vs.Args(pairs=1, methods=("rsl_rl_compiled", "ours")))
     assert [s.method for s in specs] == ["ours", "rsl_rl_compiled"]
