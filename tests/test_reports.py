@@ -21,24 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import provenance  # noqa: E402
+from quotes import paragraph_quotes, report_anchors, section_anchors  # noqa: E402
 
 REPORTS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "figures.md")]
+"""The pages that quote reports (docs/figures.md, the index written from them, quotes them all, fresh or not)."""
 LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)")
-
-
-def sections(page: Path) -> list[list[str]]:
-    """The page's sections (split at `#` and `##` headings outside code blocks), each a list of its paragraphs."""
-    out, current, fenced = [], [], False
-    for block in re.split(r"\n\s*\n", page.read_text()):
-        if not block.strip():
-            continue
-        if not fenced and re.match(r"#{1,2} ", block.lstrip()):
-            out.append(current)
-            current = []
-        current.append(block)
-        fenced ^= block.count("```") % 2 == 1
-    return [*out, current]
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
@@ -89,70 +77,11 @@ def test_a_report_whose_fingerprints_moved_is_marked_stale():
     )
 
 
-MARKDOWN_EXTENSIONS = ["toc", "tables", "attr_list", "md_in_html", "admonition", "pymdownx.details",
-                       "pymdownx.superfences", "pymdownx.highlight", "pymdownx.inlinehilite"]  # fmt: skip
-"""mkdocs.yml's markdown extensions: the page rendered as the site renders it gives the site's heading anchors."""
-HEADING_OR_MARKER = re.compile(r'<h([1-6]) id="([^"]+)"|<!-- (BEGIN|END) ([A-Za-z0-9_.@+-]+) -->')
-MARKER = re.compile(r"<!-- (BEGIN|END) ([A-Za-z0-9_.@+-]+) -->")
-TARGET = re.compile(r"\]\(([^)\s]+)\)")  # a markdown link's target
-
-
-def section_anchors(benchmarks_md: Path) -> dict[str, set[str]]:
-    """Per report with a section of its own in docs/benchmarks.md (between `<!-- BEGIN name -->` and its END), the
-    anchors a link reaches it by, as mkdocs builds them (the page rendered with mkdocs.yml's extensions): the headings
-    inside the section and those of the sections it lies in (the page's title excepted)."""
-    import markdown
-
-    html = markdown.Markdown(extensions=MARKDOWN_EXTENSIONS).convert(benchmarks_md.read_text())
-    anchors: dict[str, set[str]] = {}
-    stack: list[tuple[int, str, str | None]] = []  # the headings the text is under: (level, anchor, section)
-    inside: str | None = None
-    for m in HEADING_OR_MARKER.finditer(html):
-        if m.group(1):
-            level = int(m.group(1))
-            stack = [h for h in stack if h[0] < level] + [(level, m.group(2), inside)]
-            if inside:
-                anchors[inside].add(m.group(2))
-        elif m.group(3) == "BEGIN":
-            inside = m.group(4)
-            own = re.match(r"\s*<h([1-6])", html[m.end() :])  # a section that starts with its own heading
-            below = int(own.group(1)) if own else 7  # (is not under the headings of its level and above)
-            anchors[inside] = {anchor for level, anchor, _ in stack if 1 < level < below}
-        else:  # END: the section's own headings end with it
-            stack = [h for h in stack if h[2] != m.group(4)]
-            inside = None
-    return anchors
-
-
-REPORT_PAGES = ("benchmarks.md", "benchmarks-archive.md")
-"""The pages that hold the reports' sections: the benchmarks page (fresh reports first) and its archive."""
-
-
-def report_anchors(results: Path) -> dict[Path, dict[str, set[str]]]:
-    """`section_anchors` of each page of REPORT_PAGES beside `results`, by the page's resolved path."""
-    pages = [results.parent / name for name in REPORT_PAGES]
-    return {page.resolve(): section_anchors(page) for page in pages if page.is_file()}
-
-
-def quoted(paragraph: str, page: Path, results: Path, anchors: dict[Path, dict[str, set[str]]],
-           inside: str | None) -> set[str]:  # fmt: skip
-    """The reports a paragraph of `page` quotes: those whose folder it links (a path into `results`) and those whose
-    section of docs/benchmarks.md or its archive it links (an anchor of `anchors`, by page; not from inside that
-    section, `inside`)."""
-    names = {m.group(1) for m in LINK.finditer(paragraph) if (results / m.group(1)).is_dir()}
-    for target in TARGET.findall(paragraph):
-        path, _, anchor = target.partition("#")
-        on = anchors.get((page.parent / path).resolve() if path else page.resolve())
-        if anchor and on is not None:
-            names |= {name for name, reach in on.items() if anchor in reach and name != inside}
-    return names
-
-
 def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
     """Where a stale report under `results` is shown without saying so: its page without the banner, and each
     paragraph of `pages` (README.md, docs/*.md) that quotes it without "stale", in the paragraph or in an earlier one
     of its section that quotes it too. A paragraph quotes a report when it links its folder or its section of
-    docs/benchmarks.md (`quoted`)."""
+    docs/benchmarks.md or its archive (benchmarks/quotes.py)."""
     root = results.parents[1]
     stale = {r.name for r in results.iterdir() if (r / provenance.FILE).is_file() and provenance.load(r)["stale"]}
     problems = []
@@ -162,19 +91,10 @@ def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
             problems.append(f"{page.relative_to(root)} does not start with '{provenance.STALE_BANNER}'")
     anchors = report_anchors(results)
     for page in pages:
-        inside = None  # the report section of docs/benchmarks.md a paragraph lies in
-        for section in sections(page):
-            quotes = []
-            for paragraph in section:
-                markers = MARKER.findall(paragraph)
-                begins = [name for kind, name in markers if kind == "BEGIN"]
-                inside = begins[-1] if begins else inside
-                quotes.append(quoted(paragraph, page, results, anchors, inside))
-                if markers and markers[-1][0] == "END":
-                    inside = None
-            for i, paragraph in enumerate(section):
-                for name in sorted(quotes[i] & stale):
-                    said = any("stale" in p.lower() and name in q for p, q in zip(section[: i + 1], quotes))
+        for section in paragraph_quotes(page, results, anchors):
+            for i, (paragraph, names) in enumerate(section):
+                for name in sorted(names & stale):
+                    said = any("stale" in p.lower() and name in q for p, q in section[: i + 1])
                     if not said:
                         first = paragraph.strip().splitlines()[0][:80]
                         problems.append(f"{page.relative_to(root)}: quotes {name} without saying stale: {first!r}")
@@ -481,3 +401,18 @@ def test_vla_fewshot_records_the_commit_each_run_started_from(tmp_path, quiet_ma
     assert groups[None] == [0] and groups[RECURRENT_BEFORE] == [1] and groups[prov["commit"]] == [2, 3], groups
     why = provenance.why_stale(prov)
     assert "ran at an unknown commit" in why and re.search("no golden file at [^;]*fd27097", why), why
+
+
+def test_the_figures_index_is_current_and_maps_each_quoted_figure_to_its_report():
+    """docs/figures.md is what benchmarks/quotes.py writes today; in it, README's Results rows stand under the reports
+    they link (a table row, not the table's header), each report with its command and whether it is fresh."""
+    quotes = importlib.import_module("quotes")
+    page = REPO / "docs" / "figures.md"
+    assert page.read_text() == quotes.index(), "docs/figures.md is out of date: uv run python benchmarks/quotes.py"
+    text = page.read_text()
+    full = text.split("## full-cpu\n", 1)[1].split("\n## ", 1)[0]
+    assert "- fresh" in full or "- stale since" in full
+    assert "uv run python benchmarks/run.py --suite full" in full and "eval return **2794" in full
+    assert "`README.md`: / Pusher-v5, the same" in full and "/ what / result /" not in full
+    reports = {r.name for r in REPORTS if (r / provenance.FILE).is_file()}
+    assert set(re.findall(r"^## (\S+)$", text, flags=re.M)) == reports
