@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import provenance  # noqa: E402
-from quotes import paragraph_quotes, report_anchors, section_anchors  # noqa: E402
+from quotes import paragraph_quotes, quoted, report_anchors, section_anchors  # noqa: E402
 
 REPORTS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
 PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "figures.md")]
@@ -80,8 +80,8 @@ def test_a_report_whose_fingerprints_moved_is_marked_stale():
 def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
     """Where a stale report under `results` is shown without saying so: its page without the banner, and each
     paragraph of `pages` (README.md, docs/*.md) that quotes it without "stale", in the paragraph or in an earlier one
-    of its section that quotes it too. A paragraph quotes a report when it links its folder or its section of
-    docs/benchmarks.md or its archive (benchmarks/quotes.py)."""
+    of its section that quotes it too (a table's rows: each row that quotes it). A paragraph quotes a report when it
+    links its folder or its section of docs/benchmarks.md or its archive (benchmarks/quotes.py)."""
     root = results.parents[1]
     stale = {r.name for r in results.iterdir() if (r / provenance.FILE).is_file() and provenance.load(r)["stale"]}
     problems = []
@@ -95,6 +95,10 @@ def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
             for i, (paragraph, names) in enumerate(section):
                 for name in sorted(names & stale):
                     said = any("stale" in p.lower() and name in q for p, q in section[: i + 1])
+                    lines = paragraph.strip().splitlines()
+                    if all(line.lstrip().startswith("|") for line in lines):  # a table: each row says it itself
+                        rows = [line for line in lines if name in quoted(line, page, results, anchors, None)]
+                        said = all("stale" in row.lower() for row in rows)
                     if not said:
                         first = paragraph.strip().splitlines()[0][:80]
                         problems.append(f"{page.relative_to(root)}: quotes {name} without saying stale: {first!r}")
