@@ -563,7 +563,7 @@ def probe_lines(data: dict) -> list[str]:
     if not p:
         return []
     if "error" in p:
-        return ["## Probe", "", f"The probe failed: {p['error']}"]
+        return ["### Probe", "", f"The probe failed: {p['error']}"]
     flops = update_flops()
     rates = p["matmul_gflops"]
     peak = rates["1024x1024 @ 1024x1024"]
@@ -576,7 +576,7 @@ def probe_lines(data: dict) -> list[str]:
     rsl_c = [x["metrics"]["own_timers"]["learn_median_s"] / (MINIBATCHES * EPOCHS)
              for p in pairs.values() for m, x in p.items() if m == "rsl_rl_compiled"]  # fmt: skip
     lines = [
-        "## How close the update is to what the CPU can do",
+        "### How close the update is to what the CPU can do",
         "",
         f"One minibatch update: {flops['batch']} samples through the actor "
         f"({OBS_DIM}-{HIDDEN[0]}-{HIDDEN[1]}-{ACT_DIM}) and the critic ({OBS_DIM}-{HIDDEN[0]}-{HIDDEN[1]}-1), "
