@@ -351,8 +351,8 @@ def mark_stale(report: Path, why: str) -> None:
         md.write_text(head + begin + "\n" + "\n\n".join(blocks))
 
 
-def main() -> int:
-    mark = "--mark-stale" in sys.argv[1:]
+def main(mark: bool = False) -> int:
+    """Print each report's state; with ``mark``, mark the reports that are stale but not yet marked."""
     rows = []
     for report in sorted(p for p in RESULTS_DIR.iterdir() if p.is_dir()):
         if not (report / FILE).is_file():
@@ -377,4 +377,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Which reports under docs/results/ are fresh, and which are stale.")
+    parser.add_argument("--mark-stale", action="store_true", help="mark the reports found stale (banner, record)")
+    sys.exit(main(parser.parse_args().mark_stale))
