@@ -203,12 +203,15 @@ def test_fewshot_trains_lora_on_the_k_demos_and_resumes_bit_identically(pretrain
 
 
 def test_the_control_continues_the_start_on_its_demos_for_a_cpu_budget(start, tmp_path):
+    """How many steps fit in the 0.6 s CPU budget depends on the machine's speed and load: CI on a loaded 2-core
+    machine made 15 where the test used to ask for 20 (an evaluation every 20). The curve's evaluations come every 5
+    steps, and the test asks for one of them at least."""
     report = fewshot.main(fewshot.Args(start=str(start), out=str(tmp_path), cpu_minutes=0.01, eval_episodes=4,
-                                       num_eval_envs=4, batch_size=8, eval_every=20, curve_episodes=4))  # fmt: skip
+                                       num_eval_envs=4, batch_size=8, eval_every=5, curve_episodes=4))  # fmt: skip
     assert report["recipe"]["start"] == str(start) and report["recipe"]["k"] == 2
-    assert report["train_cpu_s"] >= 0.01 * 60 and report["steps"] >= 20
+    assert report["train_cpu_s"] >= 0.01 * 60 and report["steps"] >= 5
     points = [c for c in report["curve"] if "success_rate" in c]  # the curve's evaluations, not charged to the budget
-    assert [c["step"] for c in points] == list(range(20, report["steps"] + 1, 20))
+    assert [c["step"] for c in points] == list(range(5, report["steps"] + 1, 5)) and points
     assert all(0.0 <= c["success_rate"] <= 1.0 and c["cpu_s"] <= report["train_cpu_s"] for c in points)
 
 
