@@ -414,8 +414,7 @@ def main(args: Args) -> dict:
         f"device={device} groups={args.num_envs // args.group_size}x{args.group_size} horizon={horizon} "
         f"batch={batch_size} iterations={num_iterations} start={start_iteration} run_dir={logger.run_dir}"
     )
-    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
-    # and a resumed run keeps the choice it made
+    # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy = compiled(policy_step)

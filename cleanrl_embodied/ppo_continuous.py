@@ -371,8 +371,7 @@ def main(args: Args) -> dict:
     # compiled or graph-captured code then never sees the autograd-tracking module.
     agent_inference = make_agent(eval_envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
-    # and a resumed run keeps the choice it made
+    # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags, args.cudagraphs,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)

@@ -447,8 +447,7 @@ def train(
     # compiled or graph-captured code then never sees the autograd-tracking module.
     agent_inference = make_agent(envs, args).to(device)
     from_module(agent).data.to_module(agent_inference)
-    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
-    # and a resumed run keeps the choice it made
+    # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     work = {**dataclasses.asdict(args), "world_size": world_size}  # what one iteration's time depends on
     compiled = shared.Compiler(args.compile, device, say, trainer, work, args.cudagraphs,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip

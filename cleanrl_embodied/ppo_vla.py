@@ -392,8 +392,7 @@ def main(args: Args) -> dict:
     policy_params = [p for p in params if id(p) not in value_ids]  # what a critic warm-up holds still
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    # torch.compile, or eager; --compile auto on the CPU decides after the second iteration (compilation.py)
-    # and a resumed run keeps the choice it made
+    # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
     policy, value_fn = (

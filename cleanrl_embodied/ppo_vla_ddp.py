@@ -421,8 +421,7 @@ def train(
         say(f"fsdp: this rank holds {mine} of the {sum(p.numel() for p in params)} trainable values")
     # the learning rate is a tensor: the schedule changes it in place, so a compiled step never recompiles for it
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.learning_rate, device=device), eps=1e-5)
-    # torch.compile, or eager (FSDP's hooks: eager); --compile auto on the CPU decides after the second iteration
-    # and a resumed run keeps the choice it made
+    # torch.compile or eager (FSDP: eager); --compile auto on the CPU decides after the 2nd; a resume keeps it
     work = {**dataclasses.asdict(args), "world_size": world_size}  # what one iteration's time depends on
     compiled = shared.Compiler("off" if args.fsdp else args.compile, device, say, trainer, work,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
