@@ -151,9 +151,7 @@ def test_auto_decides_after_the_second_iteration_from_its_length_and_what_compil
 def test_auto_decides_from_this_machines_measurements_of_the_same_configuration(compile_times, monkeypatch):
     compiler, _ = _compiler()
     key = compiler.key
-    # (the compiled run's own eager iteration, 2 s, not the 4 s of a later eager run beside another job)
-    times = {"eager_s": 4.0, "eager_s_paired": 2.0, "compiled_s": 1.0, "compile_s": 2.0}
-    compile_times.write_text(json.dumps({key: times}))
+    compile_times.write_text(json.dumps({key: {"eager_s": 4.0, "compiled_ratio": 0.5, "compile_s": 2.0}}))
     for left, on in [(5, True), (4, False)]:  # half of each 1 s iteration saved: 2.5 s > 2 s; 2 s is not > 2 s
         compiler, said = _compiler()
         _iterations(monkeypatch, compiler, (1.0, 1.0), [left + 1, left])
@@ -186,7 +184,11 @@ def test_each_run_records_what_it_measured_for_the_next(compile_times, monkeypat
         "eager_s": 0.5,
         "compiled_s": 1.0,
         "compile_s": 4.5,
-        "eager_s_paired": None,
+        "compiled_ratio": 2.0,  # (over the eager run's iteration: this compiled run timed none of its own)
+        "runs": {
+            "eager": [{"eager_s": 0.5}],
+            "compiled": [{"compiled_s": 1.0, "compile_s": 4.5, "eager_s_paired": None}],
+        },
         "date": date.today().isoformat(),
     }  # (the 3 s between iterations in none of them)
     # an auto run that compiled: the eager iteration it timed, with the compiled ones
@@ -195,7 +197,32 @@ def test_each_run_records_what_it_measured_for_the_next(compile_times, monkeypat
     monkeypatch.setattr(compilation, "CPU_COMPILE_S", 0.0)
     _iterations(monkeypatch, auto, (9.0, 2.0, 3.0, *[1.0] * (window - 1)), range(window + 2, 0, -1))
     (entry,) = json.loads(compile_times.read_text()).values()
-    assert (entry["eager_s_paired"], entry["compiled_s"], entry["compile_s"]) == (2.0, 1.0, 2.0)
+    assert entry["runs"]["compiled"] == [{"compiled_s": 1.0, "compile_s": 2.0, "eager_s_paired": 2.0}]
+    assert (entry["compiled_ratio"], entry["compiled_s"], entry["compile_s"]) == (0.5, 1.0, 2.0)
+
+
+def test_the_decision_uses_the_medians_of_the_last_runs_so_one_run_beside_another_job_does_not_flip_it():
+    """Each mode keeps its last HISTORY runs; the ratio pairs a compiled run with the eager iteration it timed
+    itself (an auto run) and otherwise with the eager runs' median."""
+    assert compilation.HISTORY == 5
+    eager = [{"eager_s": s} for s in (1.0, 1.0, 9.0)]  # (the 9 s run: beside another job)
+    compiled = [{"compiled_s": 0.5, "compile_s": c, "eager_s_paired": None} for c in (60.0, 8.0, 9.0, 10.0)]
+    compiled.append({"compiled_s": 4.0, "compile_s": 9.0, "eager_s_paired": 8.0})  # a loaded auto run: 0.5x too
+    summary = compilation._summary({"eager": eager, "compiled": compiled})
+    assert summary == {"eager_s": 1.0, "compiled_s": 0.5, "compile_s": 9.0, "compiled_ratio": 0.5}
+    assert compilation._summary({"eager": [], "compiled": []}) == {}  # nothing measured: the defaults decide
+    assert compilation._summary({"eager": [], "compiled": compiled[:1]}) == {"compiled_s": 0.5, "compile_s": 60.0}
+
+
+def test_a_configuration_keeps_the_last_runs_of_each_mode(compile_times, monkeypatch):
+    monkeypatch.setattr(compilation, "torch", _FakeCompile(torch))
+    window = compilation.WINDOW
+    for run in range(compilation.HISTORY + 2):
+        compiler, _ = _compiler("off")
+        _iterations(monkeypatch, compiler, (9.0, *[1.0 + run] * window), range(window + 1, 0, -1))
+    (entry,) = json.loads(compile_times.read_text()).values()
+    assert [r["eager_s"] for r in entry["runs"]["eager"]] == [3.0, 4.0, 5.0, 6.0, 7.0]  # (the first two dropped)
+    assert entry["eager_s"] == 5.0 and entry["runs"]["compiled"] == []
 
 
 class _FakeCompile:
@@ -268,8 +295,8 @@ THREE_ITERATIONS = dict(
 )
 TRAINERS = {**PPO, "grpo": grpo, "grpo_vla": grpo_vla, "ppo_vla": ppo_vla, "ppo_vla_ddp": ppo_vla_ddp,
             "ppo_recurrent": ppo_recurrent}  # fmt: skip
-PAYS = {"eager_s": 1.0, "compiled_s": 0.5, "compile_s": 0.0}  # measurements under which compiling always pays
-NEVER_PAYS = {"eager_s": 1.0, "compiled_s": 0.5, "compile_s": 1e9}
+PAYS = {"compiled_ratio": 0.5, "compile_s": 0.0}  # measurements under which compiling always pays
+NEVER_PAYS = {"compiled_ratio": 0.5, "compile_s": 1e9}
 
 
 class _Everywhere(dict):

@@ -3,8 +3,9 @@
 ``compile_choice`` is the rule per device; ``Compiler`` wraps the functions and, under ``auto`` on the CPU, decides
 from what the run measures: the second iteration is timed eager, and the run compiles when what compiling would save
 over the iterations left exceeds what compiling costs. The compiled iteration's speed and the compile's cost come
-from earlier runs of the same configuration on this machine (a small JSON file, ``compile_times_path``), or, with
-none, from our own measurement (``CPU_COMPILED_RATIO``, ``CPU_COMPILE_S``). Every run adds what it measured.
+from earlier runs of the same configuration on this machine (a small JSON file, ``compile_times_path``: the medians
+of the last ``HISTORY`` runs of each mode), or, with none, from our own measurement (``CPU_COMPILED_RATIO``,
+``CPU_COMPILE_S``). Every run adds what it measured.
 
 Compiled code draws its random numbers as eager code does (Inductor's ``fallback_random``), so the choice changes
 what a run computes only by float rounding; a resumed run keeps the choice its checkpoint recorded."""
@@ -43,6 +44,12 @@ quiet 2-core CPU. With its caches warm it was about 2 s; with the machine loaded
 WINDOW = 8
 """Iterations a run times in a mode (eager, or compiled from its first compiled iteration) before it records them:
 the median is the steady iteration, and what the iterations took beyond it is the compile's cost."""
+
+HISTORY = 5
+"""Runs of each mode (eager, compiled) whose measurements a configuration keeps; the decision uses their medians.
+One run's figures move with the machine's load (on the loaded 2-core CPU, compiled over eager from 0.89x to 1.02x
+in three paired runs) and with Inductor's on-disk cache (cold or warm: 35-61 s or 8-10 s of compiling there), so a
+single run beside another job must not decide the next ones."""
 
 NOT_WORK = frozenset(
     {
@@ -210,9 +217,7 @@ class Compiler:
 
     def _decide(self, eager_s: float, iterations_left: int) -> bool:
         known = _read_times().get(self.key, {})
-        eager = known.get("eager_s_paired") or known.get("eager_s")  # (the compiled run's own eager iteration first)
-        ratio = known["compiled_s"] / eager if known.get("compiled_s") and eager else None
-        cost = known.get("compile_s")
+        ratio, cost = known.get("compiled_ratio"), known.get("compile_s")
         measured = (ratio is not None) + (cost is not None)
         source = ["our measurement; none on this machine yet", "partly measured here", "measured here"][measured]
         ratio = CPU_COMPILED_RATIO if ratio is None else ratio
@@ -229,16 +234,37 @@ class Compiler:
     def _record(self, times: list[float]) -> None:
         steady = statistics.median(times)
         if self.mode == "eager":
-            entry = {"eager_s": steady}
+            run = {"eager_s": steady}
         else:  # (with the eager iteration an auto run timed: both from one run, on one machine load)
-            entry = {"compiled_s": steady, "compile_s": sum(max(0.0, t - steady) for t in times),
-                     "eager_s_paired": self.eager_s}  # fmt: skip
+            run = {"compiled_s": steady, "compile_s": sum(max(0.0, t - steady) for t in times),
+                   "eager_s_paired": self.eager_s}  # fmt: skip
         try:
             record = _read_times()
-            record[self.key] = {**record.get(self.key, {}), **entry, "date": date.today().isoformat()}
+            runs = _runs(record.get(self.key, {}))
+            runs[self.mode] = [*runs[self.mode], run][-HISTORY:]
+            record[self.key] = {**_summary(runs), "runs": runs, "date": date.today().isoformat()}
             atomic_write(compile_times_path(), lambda f: f.write(json.dumps(record, indent=1).encode()))
         except OSError as e:  # a read-only home: the next run decides from our measurement again
             self.say(f"warning: --compile: could not record compile times in {compile_times_path()} ({e})")
+
+
+def _runs(entry: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs a configuration's entry keeps, by mode (none in an entry written before entries kept them)."""
+    runs = entry.get("runs") if isinstance(entry.get("runs"), dict) else {}
+    return {mode: list(runs.get(mode, [])) for mode in ("eager", "compiled")}
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """The medians a decision uses, those measured: ``eager_s``, ``compiled_s``, ``compile_s``, and
+    ``compiled_ratio``, a compiled iteration over an eager one: per compiled run over the eager iteration it timed
+    itself where it did (an auto run: both on one machine load), else over the eager runs' median."""
+    median = lambda values: statistics.median(values) if values else None  # noqa: E731
+    eager = median([r["eager_s"] for r in runs["eager"]])
+    compiled = runs["compiled"]
+    ratios = [r["compiled_s"] / (r["eager_s_paired"] or eager) for r in compiled if r["eager_s_paired"] or eager]
+    summary = {"eager_s": eager, "compiled_s": median([r["compiled_s"] for r in compiled]),
+               "compile_s": median([r["compile_s"] for r in compiled]), "compiled_ratio": median(ratios)}  # fmt: skip
+    return {name: value for name, value in summary.items() if value is not None}
 
 
 def _read_times() -> dict[str, dict[str, Any]]:
