@@ -13,7 +13,7 @@ that runs past its budget is killed and keeps the items it finished:
 2. trainers: each trainer of both families for 2 iterations on CUDA, then a resume from its last.pt for a third,
    counting the host syncs in the rollout loop (below); ppo_ddp and ppo_vla_ddp (also `--fsdp`) on one rank over
    NCCL under torchrun. The VLA family runs the tiny examples/hf_vla policy with bins, chunks and bf16 autocast.
-3. env: PushCubeRL env-steps/s at 4096, 16384 and 65536 envs (speed.py's `env_throughput`).
+3. env: PushCubeRL env-steps/s at 4096, 16384 and 65536 envs (common.py's `env_throughput`, speed.py's measure).
 4. ppo: ppo_continuous on PushCubeRL at 4096 envs: steady SPS eager, `--cudagraphs` (eager), `--compile on`,
    `--compile on --cudagraphs`, the same sizes each; whether what `--compile auto` picks on this device for a long
    run (shared.compile_choice), without and with `--cudagraphs`, is the faster of the two it picks between; and a
@@ -74,13 +74,9 @@ from typing import Any, Literal
 
 import tyro
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-for _path in (str(REPO), str(BENCH)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from benchlib import RESULTS_MD, md_table, write_section  # noqa: E402
+from benchmarks import real_width_vla
+from benchmarks.common import REPO, RESULTS_MD, md_table, write_section
+from benchmarks.real_width_vla import LAST_BUILD, PALIGEMMA_3B
 
 Part = Literal["tests", "trainers", "env", "ppo", "vla"]
 PARTS: tuple[str, ...] = ("tests", "trainers", "env", "ppo", "vla")
@@ -170,11 +166,6 @@ def ppo_plan(dry: bool) -> dict[str, Any]:
     return dict(flags=flags, iterations=12, skip=4, success_iterations=40, eval_every=2, success_cap_s=60)
 
 
-PALIGEMMA_3B = dict(
-    text_hidden=2048, text_intermediate=16384, text_heads=8, text_kv_heads=1, head_dim=256, vocab_size=257216,
-    vision_hidden=1152, vision_intermediate=4304, vision_heads=16, patch_size=14, vision_image_size=224,
-)  # fmt: skip
-"""PaliGemma-3B's widths (google/paligemma-3b-pt-224's config: Gemma 2B and SigLIP so400m/14 at 224 pixels)"""
 DRY_WIDTHS = dict(
     text_hidden=32, text_intermediate=64, text_heads=2, text_kv_heads=1, head_dim=16, vocab_size=2048,
     vision_hidden=24, vision_intermediate=48, vision_heads=2, patch_size=8, vision_image_size=16,
@@ -186,7 +177,7 @@ def vla_plan(dry: bool, layers: tuple[int, int]) -> dict[str, Any]:
     widths = dict(DRY_WIDTHS if dry else PALIGEMMA_3B, text_layers=1 if dry else layers[0],
                   vision_layers=1 if dry else layers[1], lora_rank=2 if dry else 16)  # fmt: skip
     env = {**LANG_ENV, "image_size": 16 if dry else 64, "max_episode_steps": 8 if dry else 20}
-    flags = dict(env_id="PushCubeLangRL", env_kwargs=json.dumps(env), policy="gpu_check:real_width_vla",
+    flags = dict(env_id="PushCubeLangRL", env_kwargs=json.dumps(env), policy="benchmarks.real_width_vla:real_width_vla",
                  action_head="bins", action_bins=256, action_chunk=4, autocast="bf16", compile="off", eval_freq=0,
                  save_freq=0, seed=1, num_envs=4 if dry else 64, num_steps=2 if dry else 4, num_minibatches=2,
                  update_epochs=1, num_eval_envs=2 if dry else 16, num_eval_episodes=2 if dry else 16)  # fmt: skip
@@ -221,9 +212,11 @@ LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "plat
 
 
 def _code_file(path: str) -> bool:
-    """A file of code being checked: not Python's or an installed library's, nor this script."""
+    """A file of code being checked: not Python's or an installed library's, nor this script's (nor the real-width
+    VLA's builder it runs)."""
     real = _real(path)
-    return not path.startswith("<") and not real.startswith(LIBRARIES) and real != _real(__file__)
+    own = (_real(__file__), _real(real_width_vla.__file__))
+    return not path.startswith("<") and not real.startswith(LIBRARIES) and real not in own
 
 
 class SyncCounter:
@@ -606,15 +599,15 @@ def job_main(spec_path: str) -> None:
 
 # ---- 3. PushCubeRL env-steps/s ---------------------------------------------------------------------------------
 def part_env(w: Worker) -> None:
-    import speed  # benchmarks/speed.py: PushCubeRL step() alone, random actions drawn up front, warm-up left out
+    from benchmarks.common import env_throughput  # PushCubeRL step() alone, warm-up left out
 
     sizes, steps, repeats = ENV_SIZES["dry" if w.dry else "gpu"]
     device = "cuda" if w.cuda else "cpu"
     for n in sizes:
 
         def body(it: dict[str, Any], n: int = n) -> None:
-            it["command"] = f"speed.env_throughput({n}, {device!r}, steps={steps}, repeats={repeats})"
-            rate = speed.env_throughput(n, device, steps, repeats)
+            it["command"] = f"env_throughput({n}, {device!r}, steps={steps}, repeats={repeats})"
+            rate = env_throughput(n, device, steps, repeats)
             it["metrics"] = {"num_envs": n, "device": device, "env_steps_per_s": round(rate)}
 
         w.item(f"{n} envs", body)
@@ -654,8 +647,7 @@ def auto_choice(device_type: str, steady: dict[str, float | None]) -> tuple[dict
 
 
 def part_ppo(w: Worker) -> None:
-    import benchlib
-    import speed
+    from benchmarks import common
 
     plan = ppo_plan(w.dry)
     flags = dict(plan["flags"], env_id="PushCubeRL", cuda=w.cuda, seed=1, save_freq=0, eval_freq=0)
@@ -685,7 +677,7 @@ def part_ppo(w: Worker) -> None:
             summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
             it["metrics"] = {
                 "num_envs": flags["num_envs"], "iterations": plan["iterations"],
-                "steady_sps": round(speed.steady_sps(Path(out["run_dir"]), plan["skip"])),
+                "steady_sps": round(common.steady_sps(Path(out["run_dir"]), plan["skip"])),
                 "end_to_end_sps": round(summary["sps"]), "compile_fell_back_to_eager": fell_back,
             }  # fmt: skip
             if extra.get("compile") == "on":
@@ -724,10 +716,10 @@ def part_ppo(w: Worker) -> None:
         finally:
             stopper.cancel()
         run_dir = Path(out["run_dir"])
-        scalars = benchlib.read_scalars(run_dir)
+        scalars = common.read_scalars(run_dir)
         eval_steps, success = scalars.get("eval/success_rate", ([], []))
         sps_steps, sps = scalars.get("charts/SPS", ([], []))
-        _, eval_walls = benchlib.scalar_wall_times(run_dir, "eval/success_rate") if eval_steps else ([], [])
+        _, eval_walls = common.scalar_wall_times(run_dir, "eval/success_rate") if eval_steps else ([], [])
         hit = next((i for i, s in enumerate(success) if s >= 0.9), None)
         metrics = {"num_envs": flags["num_envs"], "eval_every_iterations": plan["eval_every"],
                    "cap_env_steps": kwargs["total_timesteps"], "cap_s": round(cap),
@@ -751,57 +743,6 @@ def part_ppo(w: Worker) -> None:
 
 
 # ---- 5. a VLA at real width --------------------------------------------------------------------------------------
-LAST_BUILD: dict[str, Any] = {}
-"""what real_width_vla built last (parameter counts), read by the vla part in the same process"""
-
-
-def real_width_vla(obs_space, act_space, args, **kw):
-    """`--policy gpu_check:real_width_vla`: examples/hf_vla's policy (LoRA adapters, token-bin heads, value head) on a
-    PaliGemma of the given widths with random weights, built on the run's device in bf16; optionally with the
-    policy's gradient checkpointing (``gradient_checkpointing``, as make_policy's keyword: transformers'
-    non-reentrant checkpointing of every layer)."""
-    import torch
-    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
-
-    from cleanrl_embodied import shared
-    from examples.hf_vla.factory import _env_config
-    from examples.hf_vla.model import HFVLAPolicy, VLAConfig, quiet
-    from examples.hf_vla.tokenizer import build_tokenizer, default_corpus
-
-    config = VLAConfig(**_env_config(obs_space, act_space, args, None))
-    tokenizer = build_tokenizer(default_corpus(config.prompt_format), config.action_bins)
-    special = {n: tokenizer.convert_tokens_to_ids(f"<{n}>") for n in ("pad", "bos", "eos", "image")}
-    text = dict(model_type="gemma", hidden_size=kw["text_hidden"], intermediate_size=kw["text_intermediate"],
-                num_hidden_layers=kw["text_layers"], num_attention_heads=kw["text_heads"],
-                num_key_value_heads=kw["text_kv_heads"], head_dim=kw["head_dim"], vocab_size=kw["vocab_size"],
-                pad_token_id=special["pad"], bos_token_id=special["bos"], eos_token_id=special["eos"])  # fmt: skip
-    vision = dict(model_type="siglip_vision_model", hidden_size=kw["vision_hidden"],
-                  intermediate_size=kw["vision_intermediate"], num_hidden_layers=kw["vision_layers"],
-                  num_attention_heads=kw["vision_heads"], image_size=kw["vision_image_size"],
-                  patch_size=kw["patch_size"], projection_dim=kw["text_hidden"])  # fmt: skip
-    pg = PaliGemmaConfig(vision_config=vision, text_config=text, image_token_index=special["image"],
-                         vocab_size=kw["vocab_size"], projection_dim=kw["text_hidden"],
-                         hidden_size=kw["text_hidden"])  # fmt: skip
-    device, dtype = shared.pick_device(args.cuda), torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # random weights made in bf16 on the device, never a float32 copy
-    try:
-        cuda_devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.device(device), torch.random.fork_rng(devices=cuda_devices), quiet():
-            torch.manual_seed(0)
-            backbone = PaliGemmaForConditionalGeneration(pg)
-    finally:
-        torch.set_default_dtype(dtype)
-    backbone.eval()
-    lora = {"rank": kw["lora_rank"], "alpha": 2 * kw["lora_rank"], "targets": "all-linear"}
-    checkpointing = kw.get("gradient_checkpointing", False)
-    policy = HFVLAPolicy(backbone, tokenizer, config, lora, gradient_checkpointing=checkpointing)
-    LAST_BUILD.clear()
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())  # as it reports
-    LAST_BUILD.update(params=sum(p.numel() for p in policy.parameters()), checkpointing=checkpointing,
-                      trainable=sum(p.numel() for p in policy.parameters() if p.requires_grad))  # fmt: skip
-    return policy
-
-
 def micro_batch_sizes(minibatch: int) -> list[int]:
     """The minibatch size, then halved down to 1."""
     sizes = [minibatch]
@@ -830,7 +771,7 @@ def first_that_fits(sizes: list[int], run: Callable[[int], Any], is_oom: Callabl
 
 
 def part_vla(w: Worker) -> None:
-    import speed
+    from benchmarks import common
 
     plan = vla_plan(w.dry, tuple(w.spec["vla_layers"]))
     torch = w.torch
@@ -864,7 +805,7 @@ def part_vla(w: Worker) -> None:
                 "micro_batch_size": size, "did_not_fit": too_large, "minibatch_size": minibatch,
                 "num_envs": kwargs["num_envs"], "params": LAST_BUILD.get("params"),
                 "trainable": LAST_BUILD.get("trainable"), "checkpointing": LAST_BUILD.get("checkpointing"),
-                "iteration_env_steps_per_s": round(speed.steady_sps(Path(out["run_dir"]), 1), 1),
+                "iteration_env_steps_per_s": round(common.steady_sps(Path(out["run_dir"]), 1), 1),
                 "end_to_end_env_steps_per_s": round(summary["sps"], 1),
                 "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if w.cuda else None,
                 "peak_gpu_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if w.cuda else None,
@@ -1121,7 +1062,7 @@ def section(data: dict[str, Any], out: Path) -> str:
 
 
 if __name__ == "__main__":
-    import gpu_check  # this file as a module, so `--policy gpu_check:real_width_vla` finds the same LAST_BUILD
+    from benchmarks import gpu_check  # this file as a module: one copy of its state, whoever imports it
 
     if len(sys.argv) == 3 and sys.argv[1] == "_worker":
         gpu_check.worker_main(sys.argv[2])

@@ -20,17 +20,14 @@ import numpy as np
 import pytest
 import tyro
 
+from benchmarks import common as benchlib
+from benchmarks.suite import rlstats, run
 from tests.checks import exits_in_one_line
 from tests.extras import needs
 from tests.subprocesses import subprocess_env
 from tests.trainer_args import TWO_SAVED_ITERATIONS, tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "benchmarks"
-sys.path.insert(0, str(BENCH))
-rlstats = importlib.import_module("rlstats")
-benchlib = importlib.import_module("benchlib")
-run = importlib.import_module("run")
 
 
 # ---- IQM and bootstrap -----------------------------------------------------------------------------
@@ -134,7 +131,7 @@ def test_t_quantile_is_exact_for_any_degrees_of_freedom():
 def test_t_intervals_of_nine_seeds_use_t_with_8_degrees_of_freedom():
     """9 values: the half-width is t(0.975, 8) = 2.306 standard errors, not the normal's 1.96 (vla_rl's table stopped
     at 7 degrees of freedom)."""
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     values = [0.62, 0.55, 0.71, 0.48, 0.66, 0.59, 0.74, 0.52, 0.63]
     se = np.std(values, ddof=1) / 3
     mean, half = rlstats.t_interval(values)
@@ -146,7 +143,7 @@ def test_t_intervals_of_nine_seeds_use_t_with_8_degrees_of_freedom():
 
 def test_welch_interval_of_large_groups_uses_their_degrees_of_freedom():
     """Two groups of 41 with equal variance: 80 degrees of freedom, t = 1.9901 (curves_at's table stopped at 30)."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     a = [0.1 + 0.01 * i for i in range(41)]
     b = [x + 0.2 for x in reversed(a)]
     diff, half = curves_at.welch(a, b)
@@ -288,19 +285,20 @@ def test_results_land_in_the_documentation_site(monkeypatch):
     monkeypatch.setattr(run, "write_outputs", lambda data, out, results_md, name: written.update(run=(out, results_md)))
     run.main(run.Args(suite="quick", device="cpu", report_only=True))
     assert written["run"] == (docs / "results" / "quick-cpu", str(docs / "benchmarks.md"))
-    speed = importlib.import_module("speed")
+    speed = importlib.import_module("benchmarks.speed.speed")
     monkeypatch.setattr(speed, "write_outputs", lambda data, out, kind, results_md: written.update(speed=out))
     speed.main(speed.Args(cuda=False, report_only=True))
     assert written["speed"] == docs / "results" / "speed-cpu"
-    assert importlib.import_module("async_speed").Args().results_md == str(docs / "benchmarks.md")
-    vs_cleanrl = importlib.import_module("vs_cleanrl").Args()
+    assert importlib.import_module("benchmarks.speed.async_speed").Args().results_md == str(docs / "benchmarks.md")
+    vs_cleanrl = importlib.import_module("benchmarks.peers.vs_cleanrl").Args()
     assert (Path(vs_cleanrl.out), Path(vs_cleanrl.results_md)) == (
         docs / "results" / "vs-cleanrl-cpu",
         docs / "benchmarks.md",
     )
-    assert Path(importlib.import_module("push_cube_rgb_speed").Args().out).parent == docs / "results"
-    assert Path(importlib.import_module("push_cube_variants").Args().out).parent == docs / "results"
-    assert (benchlib.REPO / importlib.import_module("recheck").Args().results / "runs.json").is_file()
+    assert Path(importlib.import_module("benchmarks.speed.push_cube_rgb_speed").Args().out).parent == docs / "results"
+    variants = importlib.import_module("benchmarks.experiments.push_cube_variants")
+    assert Path(variants.Args().out).parent == docs / "results"
+    assert (benchlib.REPO / importlib.import_module("benchmarks.suite.recheck").Args().results / "runs.json").is_file()
 
     text = benchlib.RESULTS_MD.read_text() + benchlib.ARCHIVE_MD.read_text()  # (the stale ones in the archive)
     begins = re.findall(r"<!-- BEGIN (\S+) -->", text)
@@ -326,11 +324,11 @@ def test_a_section_in_the_archive_is_rewritten_there(tmp_path, monkeypatch):
 
 
 # ---- tiny real runs --------------------------------------------------------------------------------
-def run_benchmark(script: str, *args: str, out: Path, md: Path) -> None:
-    """benchmarks/<script> with ``args``, writing its results under ``out`` and its tables into ``md`` (not the
-    repository's RESULTS.md); it must succeed."""
-    command = [sys.executable, str(BENCH / script), *args, "--out", str(out), "--results-md", str(md)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=subprocess_env())
+def run_benchmark(module: str, *args: str, out: Path, md: Path) -> None:
+    """The benchmark `module` (`benchmarks.suite.run`) with ``args``, run from the repository root, writing its results
+    under ``out`` and its tables into ``md`` (not the repository's RESULTS.md); it must succeed."""
+    command = [sys.executable, "-m", module, *args, "--out", str(out), "--results-md", str(md)]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=subprocess_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -338,7 +336,7 @@ def test_smoke_suite_end_to_end(tmp_path):
     """2 seeds x PPO x PushCubeRL for 4 iterations, two at a time, then seed 1 again for the determinism check:
     PNG, tables, runs.json."""
     out, md = tmp_path / "smoke", tmp_path / "RESULTS.md"
-    run_benchmark("run.py", "--suite", "smoke", "--seeds", "2", "--jobs", "2", out=out, md=md)
+    run_benchmark("benchmarks.suite.run", "--suite", "smoke", "--seeds", "2", "--jobs", "2", out=out, md=md)
     png = out / "PushCubeRL.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     data = json.loads((out / "runs.json").read_text())
@@ -371,7 +369,7 @@ def test_smoke_suite_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "grpo"])
 def test_speed_breakdown_times_the_real_loop(script):
-    speed = importlib.import_module("speed")
+    speed = importlib.import_module("benchmarks.speed.speed")
     from cleanrl_embodied.shared import builders, run_logger
 
     module = importlib.import_module(f"cleanrl_embodied.{script}")
@@ -399,7 +397,7 @@ def test_speed_breakdown_times_the_real_loop(script):
 def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     """`speed.py --parts gym` at tiny sizes: per setting the raw env, make_env, the rollouts (and EnvPool when
     installed), a breakdown of the real HalfCheetah loop, and its own RESULTS.md section with both tables."""
-    speed = importlib.import_module("speed")
+    speed = importlib.import_module("benchmarks.speed.speed")
     from cleanrl_embodied import ppo_continuous as ppo
     from cleanrl_embodied.shared import builders, run_logger
 
@@ -449,7 +447,7 @@ def test_async_benchmark_end_to_end(tmp_path):
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"
     extra = "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --num-eval-envs 8 --num-eval-episodes 8"
     flags = ["--latencies", "2", "--seeds", "1", "--total-timesteps", "2048", "--hidden-sizes", "16", "16"]
-    run_benchmark("async_speed.py", *flags, f"--extra={extra}", out=out, md=md)
+    run_benchmark("benchmarks.speed.async_speed", *flags, f"--extra={extra}", out=out, md=md)
     data = json.loads((out / "async.json").read_text())
     assert [(r["mode"], r["latency_ms"]) for r in data["runs"]] == [("sync", 2.0), ("async", 2.0)]
     assert all(r["global_step"] == 2048 and r["wall_time_s"] > 4 * 8 * 0.002 for r in data["runs"])
@@ -464,7 +462,7 @@ def test_async_benchmark_end_to_end(tmp_path):
 def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp_path, capsys):
     """A run published by its command and curves is re-run exactly (same training returns, same evaluations);
     a published point that the code does not reproduce is named, and the exit status says so."""
-    recheck = importlib.import_module("recheck")
+    recheck = importlib.import_module("benchmarks.suite.recheck")
     command = (
         "OMP_NUM_THREADS=1 python cleanrl_embodied/ppo_continuous.py --save-freq 0 --no-cuda "
         "--env-id PushCubeRL --num-envs 8 --num-steps 25 --total-timesteps 1000 --hidden-sizes 8 8 "
@@ -513,7 +511,7 @@ def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp
 def test_vs_cleanrl_steady_speed_is_steps_over_event_time_after_skip(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    vs = importlib.import_module("vs_cleanrl")
+    vs = importlib.import_module("benchmarks.peers.vs_cleanrl")
     writer = SummaryWriter(str(tmp_path / "run"))
     # iterations of 2048 steps; the first two slow (start-up), then 4 s each
     for i, t in enumerate([100.0, 130.0, 140.0, 144.0, 148.0, 152.0]):
@@ -526,7 +524,7 @@ def test_vs_cleanrl_steady_speed_is_steps_over_event_time_after_skip(tmp_path):
 
 
 def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_peer(tmp_path):
-    vs = importlib.import_module("vs_cleanrl")
+    vs = importlib.import_module("benchmarks.peers.vs_cleanrl")
     args = vs.Args(cleanrl_script="/peer/cleanrl/ppo_continuous_action.py", total_timesteps=4096)
     theirs = vs.commands(args, tmp_path, "cleanrl", "/tmp/edited/ppo_continuous_action.py")
     assert theirs[:2] == [sys.executable, "/tmp/edited/ppo_continuous_action.py"]  # this project's environment
@@ -555,7 +553,7 @@ def test_vs_cleanrl_runs_both_scripts_with_cleanrl_settings_and_names_a_missing_
 
 def test_vs_cleanrl_makes_the_two_gymnasium_1_edits_once_each_and_refuses_another_script():
     """The edits turn CleanRL's 0.29 lines into 1.x ones, each found exactly once."""
-    vs = importlib.import_module("vs_cleanrl")
+    vs = importlib.import_module("benchmarks.peers.vs_cleanrl")
     (obs_before, obs_after), (log_before, log_after) = vs.GYMNASIUM_1_EDITS
     script = f"def make_env():\n    env = {obs_before}\n\nfor step in range(3):\n{log_before}" + (
         "f\"{info['episode']['r']}\")\n"
@@ -571,7 +569,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
     """benchmarks/vla_rl.py: its behaviour-cloning, RL and control commands are accepted by bc.py's, the trainers'
     and dagger.py's Args (nothing is run); every run starts from its own seed's behaviour-cloned model; each row
     passes its knob and nothing else differs between the rows of one trainer."""
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     bc = importlib.import_module("examples.hf_vla.bc")
     dagger = importlib.import_module("examples.hf_vla.dagger")
     args = vla_rl.Args(runs_dir="/tmp/vla", seeds=(2,), obs_mode="proprio+rgb")
@@ -602,7 +600,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
 
 def test_vla_rl_intervals_are_t_intervals_over_seeds():
     """The report's mean ± 95% interval: Student's t with n-1 degrees of freedom times the standard error."""
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     assert vla_rl.interval([0.5, 0.7]) == f"0.60 ± {12.706 * np.std([0.5, 0.7], ddof=1) / np.sqrt(2):.2f}"
     values = [0.1, 0.3, 0.2, 0.6]
     assert vla_rl.signed(values) == f"+0.30 ± {3.182 * np.std(values, ddof=1) / 2:.2f}"
@@ -611,7 +609,7 @@ def test_vla_rl_intervals_are_t_intervals_over_seeds():
 
 def test_vla_rl_report_pairs_every_row_with_its_own_seeds_start_and_control():
     """The report's gain and difference to the control are differences within a seed, averaged over seeds."""
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
 
     def result(train, heldout):
         return {"train": {"success_rate": train}, "heldout": {"success_rate": heldout}}
@@ -642,7 +640,7 @@ def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
     from cleanrl_embodied.shared.evaluation import evaluate
     from cleanrl_embodied.shared.language import decode_instructions
 
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     args = vla_rl.Args(final_eval_episodes=6)
 
     def first_obs(env, reset_seed, action):
@@ -681,7 +679,7 @@ def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(
     from examples.hf_vla import make_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=6)
     env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.env_options(args))
     flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
@@ -728,7 +726,7 @@ def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, mo
     from examples.hf_vla import make_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    vla_rl = importlib.import_module("vla_rl")
+    vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
     args = vla_rl.Args(runs_dir=str(tmp_path), seeds=(1,), final_eval_episodes=2)
     env = make_env("PushCubeLangRL", num_envs=1, **vla_rl.env_options(args))
     flags = SimpleNamespace(action_head="bins", action_bins=16, action_chunk=1)
@@ -745,7 +743,7 @@ def test_vla_rl_final_eval_refuses_a_checkpoint_that_would_run_code(tmp_path, mo
 
 
 def test_bisect_numbers_finds_every_change_asking_few_commits():
-    bisect = importlib.import_module("bisect_numbers")
+    bisect = importlib.import_module("benchmarks.archaeology.bisect_numbers")
     prints = list("aaaaabbbbbbbbbbcccccccccccccccccccdd")
     asked = []
 
@@ -760,21 +758,21 @@ def test_bisect_numbers_finds_every_change_asking_few_commits():
 
 def test_curves_at_welch_interval_is_students_for_equal_groups():
     """Two groups of 5 with equal variance: Welch's degrees of freedom are 8, the half-width t(0.975, 8) x SE."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     a, b = [0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.4, 0.5, 0.6, 0.7]
     diff, half = curves_at.welch(a, b)
     assert diff == pytest.approx(0.2) and half == pytest.approx(2.306004 * (2 * 0.025 / 5) ** 0.5)
 
 
 def test_curves_at_reports_the_proxy_per_commit_from_finished_runs_without_running_them(tmp_path, capsys):
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     results = tmp_path / "published"
     results.mkdir()
     runs = [
         {"task": "T", "seed": s, "command": f"python cleanrl_embodied/ppo_continuous.py --seed {s}"} for s in (1, 2)
     ]
     (results / "runs.json").write_text(json.dumps({"runs": runs}))
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     curve = {"charts/success_rate": [[100, 200, 300], [0.0, 0.5, 1.0]]}  # the proxy to step 200: 0.25
     done = [{**curves_at.run_key(head, r["seed"], "T", curves_at.folder_name(str(results)), r["command"], 200),
              "curves": curve, "wall_s": 1.0} for r in runs]  # fmt: skip
@@ -826,7 +824,7 @@ def _fake_runs(curves_at, monkeypatch) -> list:
 def test_curves_at_runs_again_for_another_task_results_folder_budget_or_command(tmp_path, monkeypatch):
     """A run in curves.json is reused only by the same commit, seed, task, results folder, command and --until-step;
     the report names the schedules that were run."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     ran = _fake_runs(curves_at, monkeypatch)
     results, out = _published(tmp_path / "published", tasks=("T", "U")), tmp_path / "out"
     args = curves_at.Args(results=str(results), task="T", seeds=(1, 2), until_step=200, jobs=1, out=str(out))
@@ -856,7 +854,7 @@ def test_curves_at_runs_again_for_another_task_results_folder_budget_or_command(
 def test_curves_at_saves_curves_json_whole_or_not_at_all(tmp_path, monkeypatch):
     """curves.json is written to a temp file and renamed over the old one after each run: a save that fails (here
     the rename) leaves the previous file as it was, and no temp file."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     _fake_runs(curves_at, monkeypatch)
     out = tmp_path / "out"
     args = curves_at.Args(results=str(_published(tmp_path / "p")), task="T", seeds=(1,), until_step=200, jobs=1,
@@ -877,15 +875,16 @@ def test_curves_at_saves_curves_json_whole_or_not_at_all(tmp_path, monkeypatch):
 def test_curves_at_reads_an_old_curves_json_as_the_runs_its_provenance_names(tmp_path, monkeypatch):
     """A curves.json of the old form (keys `commit:seed`) is read as the runs of the task, results folder, commands
     and --until-step its folder's provenance.json records, and of nothing else."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     ran = _fake_runs(curves_at, monkeypatch)
     results, out = _published(tmp_path / "published", tasks=("T", "U")), tmp_path / "out"
     out.mkdir()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     curve = {"charts/success_rate": [[100, 200, 300], [0.0, 0.5, 1.0]]}  # the proxy to step 200: 0.25
     (out / "curves.json").write_text(json.dumps({f"{head}:{s}": {"curves": curve, "wall_s": 1.0} for s in (1, 2)}))
     published = json.loads((results / "runs.json").read_text())["runs"]
-    command = f"uv run python benchmarks/curves_at.py --results {results} --task T --seeds 1 2 --until-step 200"
+    command = (f"uv run python -m benchmarks.archaeology.curves_at --results {results} --task T --seeds 1 2 "
+               "--until-step 200")  # fmt: skip
     (out / "provenance.json").write_text(json.dumps({"command": command, "runs": [r["command"] for r in published
                                                                                   if r["task"] == "T"]}))  # fmt: skip
     args = curves_at.Args(results=str(results), task="T", seeds=(1, 2), until_step=200, jobs=1, out=str(out))
@@ -905,10 +904,10 @@ def test_curves_at_reads_an_old_curves_json_as_the_runs_its_provenance_names(tmp
 def test_curves_at_redraws_the_published_pixel_bisect_table_from_its_curves_json(tmp_path):
     """docs/results/pixel-bisect-cpu: its curves.json, read with the command its provenance records, gives the
     report's table again without running anything."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     published = REPO / "docs/results/pixel-bisect-cpu"
     command = shlex.split(json.loads((published / "provenance.json").read_text())["command"])
-    args = tyro.cli(curves_at.Args, args=command[command.index("benchmarks/curves_at.py") + 1 :])
+    args = tyro.cli(curves_at.Args, args=command[command.index("benchmarks.archaeology.curves_at") + 1 :])
     (tmp_path / "curves.json").write_bytes((published / "curves.json").read_bytes())
     cwd = os.getcwd()
     try:
@@ -926,7 +925,7 @@ def test_curves_at_redraws_the_published_pixel_bisect_table_from_its_curves_json
 
 def test_curves_at_names_a_mistyped_commit_or_a_command_without_seed_in_one_line(tmp_path, monkeypatch):
     """Bad input stops before any run with `error: ...` naming the flag, not a traceback."""
-    curves_at = importlib.import_module("curves_at")
+    curves_at = importlib.import_module("benchmarks.archaeology.curves_at")
     ran = _fake_runs(curves_at, monkeypatch)
     results = _published(tmp_path / "p", seeds=(1,))
     args = curves_at.Args(results=str(results), task="T", seeds=(1,), until_step=200, out=str(tmp_path / "out"))
@@ -944,7 +943,7 @@ def test_curves_at_names_a_mistyped_commit_or_a_command_without_seed_in_one_line
 
 
 def test_bisect_numbers_names_a_mistyped_commit_in_one_line(tmp_path):
-    bisect = importlib.import_module("bisect_numbers")
+    bisect = importlib.import_module("benchmarks.archaeology.bisect_numbers")
     command = "python cleanrl_embodied/ppo_continuous.py --seed 1"
     for flag, args in (("--good", bisect.Args(good="nope123", command=command)),
                        ("--bad", bisect.Args(good="HEAD", bad="nope123", command=command))):  # fmt: skip
@@ -952,7 +951,8 @@ def test_bisect_numbers_names_a_mistyped_commit_in_one_line(tmp_path):
         assert message.startswith(f"error: {flag} nope123: not a commit"), message
     message = exits_in_one_line(lambda: bisect.main(bisect.Args(good="HEAD", command="python x.py --seed '1")))
     assert message.startswith("error: --command: "), message
-    proc = subprocess.run([sys.executable, str(BENCH / "bisect_numbers.py"), "--good", "nope123", "--command", command],
+    bisect_numbers = [sys.executable, "-m", "benchmarks.archaeology.bisect_numbers"]
+    proc = subprocess.run([*bisect_numbers, "--good", "nope123", "--command", command],
                           capture_output=True, text=True, env=subprocess_env())  # fmt: skip
     assert proc.returncode == 1 and proc.stdout == "", proc
     assert proc.stderr.startswith("error: --good nope123: not a commit") and proc.stderr.count("\n") == 1, proc.stderr
@@ -965,7 +965,7 @@ def test_bisect_numbers_reads_a_trainer_checkpoint_and_refuses_a_pickle_that_wou
 
     from cleanrl_embodied import ppo_continuous
 
-    bisect = importlib.import_module("bisect_numbers")
+    bisect = importlib.import_module("benchmarks.archaeology.bisect_numbers")
     out = ppo_continuous.main(tiny_args("ppo_continuous", tmp_path / "run", TWO_SAVED_ITERATIONS))
     sums = bisect.parameter_sums(Path(out["run_dir"]) / "checkpoints" / "last.pt")
     assert len(sums) >= 4 and all(len(s) == 2 for s in sums) and any(s[1] > 0 for s in sums)
@@ -998,7 +998,7 @@ def test_vla_fewshot_commands_parse_with_the_scripts_and_start_from_the_pretrain
     accepted by the scripts' Args (nothing is run); the start reads the pretraining output of its observation mode
     and its seed's demonstrations, every row starts from the seed's start, and the RL rows run on the target (the
     held-out diagonal tasks through the pretraining's window) with a 0/1 reward."""
-    fs = importlib.import_module("vla_fewshot")
+    fs = importlib.import_module("benchmarks.experiments.vla_fewshot")
     pretrain, demos, fewshot = (importlib.import_module(f"examples.hf_vla.{m}") for m in ("pretrain", "demos",
                                                                                             "fewshot"))  # fmt: skip
     dagger = importlib.import_module("examples.hf_vla.dagger")
@@ -1033,7 +1033,7 @@ def test_vla_fewshot_commands_parse_with_the_scripts_and_start_from_the_pretrain
 def test_vla_fewshot_report_pairs_rows_with_the_seeds_control_and_states_the_goal():
     """The report's differences to the control are within a seed; the goal line says whether RL beats the control
     by >= 0.15 at K = 1 on proprio+rgb with the interval above 0, and whether the start is above 0.2."""
-    fs = importlib.import_module("vla_fewshot")
+    fs = importlib.import_module("benchmarks.experiments.vla_fewshot")
 
     def result(train, heldout):
         return {"train": {"success_rate": train}, "heldout": {"success_rate": heldout}}
@@ -1047,7 +1047,7 @@ def test_vla_fewshot_report_pairs_rows_with_the_seeds_control_and_states_the_goa
     text = fs.report(data)
     grpo = next(line for line in text.split("\n") if line.startswith("| GRPO |"))
     diff = [0.8 - 0.4, 0.7 - 0.3, 0.9 - 0.5]
-    assert f"| {fs.vla_rl.signed(diff)} |" in grpo
+    assert f"| {fs.vla_runs.signed(diff)} |" in grpo
     assert "start 0.25 (above 0.2)" in text and "GRPO - control +0.40 ± 0.00 (met)" in text
     assert "Not run: state+rgb K=1 seed 1 start" in text
 
@@ -1056,7 +1056,7 @@ def test_vla_fewshot_report_pairs_rows_with_the_seeds_control_and_states_the_goa
 def test_vla_fewshot_goal_uses_the_exact_t_interval_of_nine_seeds():
     """Nine seeds whose RL - control difference is +0.20: with t(8) = 2.306 the interval reaches below 0 (not met);
     the old table's 1.96 for 8 degrees of freedom would have called it met."""
-    fs = importlib.import_module("vla_fewshot")
+    fs = importlib.import_module("benchmarks.experiments.vla_fewshot")
 
     def result(train):
         return {"train": {"success_rate": train}, "heldout": {"success_rate": 0.0}}
@@ -1074,7 +1074,7 @@ def test_fingerprints_at_runs_todays_fingerprint_on_a_commits_code_and_says_wher
     """HEAD's code gives today's golden file (the fingerprint runs in a worktree of that commit, removed after); a
     record that moved beyond the tolerance is reported as differing (exit status 1), one that failed to run as failed;
     a mistyped commit or fingerprint name is one line."""
-    fingerprints_at = importlib.import_module("fingerprints_at")
+    fingerprints_at = importlib.import_module("benchmarks.archaeology.fingerprints_at")
     from tests.numerics import FINGERPRINTS
 
     name = "env-PushCubeRL-dropout"
@@ -1113,7 +1113,7 @@ def test_compile_cost_plans_three_runs_a_round_and_reports_the_ratio_and_the_cos
     """Each round: eager, compiled with Inductor's caches emptied, compiled again on the caches that left (one
     cache folder a round, each run its own compile_times.json); the report's ratio and cost are the medians of what
     the runs recorded; bad sizes are one line."""
-    compile_cost = importlib.import_module("compile_cost")
+    compile_cost = importlib.import_module("benchmarks.speed.compile_cost")
     specs = compile_cost.main(compile_cost.Args(rounds=2, iterations=12, dry_run=True, out=str(tmp_path / "o")))
     assert [(s["round"], s["mode"], s["cold"]) for s in specs] == [
         (r, m, c) for r in (1, 2) for m, c in (("eager", False), ("compiled, caches empty", True),
@@ -1131,7 +1131,7 @@ def test_compile_cost_plans_three_runs_a_round_and_reports_the_ratio_and_the_cos
     runs += [{"round": r, "mode": "compiled, caches empty", "compiled_s": 0.15, "compile_s": c, "whole_s": 30.0,
               "command": "c"} for r, c in ((1, 10.0), (2, 14.0))]  # fmt: skip
     data = {"args": {"script": "ppo_continuous", "flags": "--env-id PushCubeRL", "iterations": 12, "rounds": 2},
-            "command": "uv run python benchmarks/compile_cost.py", "machine": benchlib.machine_info(),
+            "command": "uv run python -m benchmarks.speed.compile_cost", "machine": benchlib.machine_info(),
             "versions": {"torch": "2"}, "git": {"git_sha": "abc", "git_dirty": False}, "runs": runs}  # fmt: skip
     text = compile_cost.report(data)
     assert "| eager | 2 | 0.300 | 1.00x |  | 20.0 |" in text, text

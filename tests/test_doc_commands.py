@@ -1,8 +1,9 @@
 """Every command the docs show runs: the commands in the docstrings of cleanrl_embodied/*.py, examples/hf_vla/*.py and
-benchmarks/*.py and in the shell code blocks of README.md and docs/*.md are taken apart as a shell would (bash, with
+benchmarks/**/*.py and in the shell code blocks of README.md and docs/*.md are taken apart as a shell would (bash, with
 `uv`, `python`, `torchrun`, `git`, `tar`, `pip` and `cp` replaced by stubs that record their arguments, so that
-`$E`, `$(sed ...)`, `cd` and `| xargs` work and nothing runs), and every script of this repository they start parses
-the command's flags with its own command line (tyro or argparse), stopped before its main. `--help` appended would not
+`$E`, `$(sed ...)`, `cd` and `| xargs` work and nothing runs), and every script of this repository they start (by its
+path, or as a module: `python -m benchmarks.suite.run`) parses the command's flags with its own command line (tyro or
+argparse), stopped before its main. `--help` appended would not
 do: tyro prints the help and exits before it looks at the other flags (a command that is `--help` itself passes).
 
 All commands are parsed in one worker process, script by script (each import is paid once). A script whose import
@@ -27,7 +28,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ("cleanrl_embodied/*.py", "examples/hf_vla/*.py", "benchmarks/*.py")
+SCRIPTS = ("cleanrl_embodied/*.py", "examples/hf_vla/*.py", "benchmarks/**/*.py")
+PACKAGES = ("benchmarks", "cleanrl_embodied", "examples")
+"""This repository's packages: a command's `-m <module>` that names one of their modules starts a script of ours."""
 DOCS = ("README.md", "docs/*.md")
 STUBS = ("uv", "python", "python3", "torchrun", "git", "tar", "pip", "cp")
 """Commands that record their arguments (and the directory they were called in) instead of running; `sed` and
@@ -42,7 +45,7 @@ EXTRAS = {"transformers": "vla", "peft": "vla", "mujoco": "mujoco", "mani_skill"
           "envpool": "envpool", "onnx": "export", "onnxscript": "export", "onnxruntime": "export"}  # fmt: skip
 """The optional extras' imports (pyproject.toml's optional-dependencies), for the reason of a skip."""
 BAD_EXAMPLE = ("bc.py's docstring before the fix", "cleanrl_embodied/grpo.py",
-               ["--env-id", "PushCubeLangRL", "--action-head", "bins", "--action-bins", "16"])  # fmt: skip
+               ["--env-id", "PushCubeLangRL", "--action-head", "bins", "--action-bins", "16"], None)  # fmt: skip
 """A command that must fail (the classic grpo.py has no token bins): the check is run on it too."""
 
 
@@ -132,9 +135,10 @@ printf '%s\036' "$record" >> "$LOG"
     return root
 
 
-def repository_commands(root: Path) -> list[tuple[str, str, list[str]]]:
-    """(where, script, flags) of every command that starts a script of this repository; a `.py` path that names no
-    file is kept as it is (the worker reports it)."""
+def repository_commands(root: Path) -> list[tuple[str, str, list[str], str | None]]:
+    """(where, script, flags, module) of every command that starts a script of this repository, by its path (module
+    None) or as `-m module` (script: the module's file); a `.py` path or a module that names no file is kept as it is
+    (the worker reports it)."""
     sandbox, commands = make_sandbox(root), []
     for where, snippet in shell_snippets():
         copies = {}  # copy -> original, of `cp` in this snippet
@@ -143,14 +147,18 @@ def repository_commands(root: Path) -> list[tuple[str, str, list[str]]]:
                 copies[os.path.normpath(os.path.join(cwd, argv[1]))] = os.path.normpath(os.path.join(cwd, argv[0]))
                 continue
             scripts = [i for i, arg in enumerate(argv) if arg.endswith(".py") and "PLACEHOLDER" not in arg]
-            if scripts and not argv[scripts[0]].startswith("/"):
+            modules = [i for i, arg in enumerate(argv[1:], 1) if argv[i - 1] == "-m" and arg.split(".")[0] in PACKAGES]
+            if modules and (not scripts or modules[0] < scripts[0]):
+                module = argv[modules[0]]
+                commands.append((where, module.replace(".", "/") + ".py", argv[modules[0] + 1 :], module))
+            elif scripts and not argv[scripts[0]].startswith("/"):
                 script = os.path.normpath(os.path.join(cwd, argv[scripts[0]]))
-                commands.append((where, copies.get(script, script), argv[scripts[0] + 1 :]))
+                commands.append((where, copies.get(script, script), argv[scripts[0] + 1 :], None))
     return commands
 
 
 @functools.cache
-def shown_commands() -> list[tuple[str, str, list[str]]]:
+def shown_commands() -> list[tuple[str, str, list[str], str | None]]:
     """`repository_commands`, once per process (the tests are parametrized by its scripts); none without bash."""
     if shutil.which("bash") is None:
         return []
@@ -177,7 +185,7 @@ def test_the_docs_show_commands_of_every_trainer(results):
     shown = {r["script"] for r in results}
     trainers = {f"cleanrl_embodied/{p.name}" for p in (REPO / "cleanrl_embodied").glob("*.py") if p.stem != "__init__"}
     assert trainers <= shown, trainers - shown
-    assert {"examples/hf_vla/bc.py", "examples/hf_vla/dagger.py", "benchmarks/run.py"} <= shown
+    assert {"examples/hf_vla/bc.py", "examples/hf_vla/dagger.py", "benchmarks/suite/run.py"} <= shown
 
 
 def test_a_flag_the_script_does_not_have_is_caught(results):
@@ -186,7 +194,7 @@ def test_a_flag_the_script_does_not_have_is_caught(results):
     assert bad["status"] == "error" and "action-head" in bad["detail"], bad
 
 
-@pytest.mark.parametrize("script", sorted({script for _, script, _ in shown_commands()}))
+@pytest.mark.parametrize("script", sorted({script for _, script, _, _ in shown_commands()}))
 def test_every_command_shown_parses(results, script):
     mine = [r for r in results if r["script"] == script and r["where"] != BAD_EXAMPLE[0]]
     skipped = [r for r in mine if r["status"] == "skip"]
@@ -221,22 +229,25 @@ def worker(path: Path) -> None:
 
     tyro.cli, argparse.ArgumentParser.parse_args = parsed_cli, parsed_args
     by_script = defaultdict(list)
-    for where, script, argv in json.loads(path.read_text()):
-        by_script[script].append((where, argv))
+    for where, script, argv, module in json.loads(path.read_text()):
+        by_script[script].append((where, argv, module))
     results = []
     for script, commands in by_script.items():
         file = REPO / script
-        for where, argv in commands:
+        for where, argv, module in commands:
             result = {"where": where, "script": script, "argv": argv, "status": "error", "detail": ""}
             results.append(result)
             if not file.is_file():
                 result["detail"] = f"no such script {script}"
                 continue
-            sys.argv, sys.path[0] = [str(file), *argv], str(file.parent)
+            sys.argv, sys.path[0] = [str(file), *argv], str(REPO if module else file.parent)  # as python puts it
             err = io.StringIO()
             try:
                 with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                    runpy.run_path(str(file), run_name="__main__")
+                    if module:
+                        runpy.run_module(module, run_name="__main__", alter_sys=True)
+                    else:
+                        runpy.run_path(str(file), run_name="__main__")
             except Parsed:
                 result["status"] = "ok"
             except SystemExit as e:

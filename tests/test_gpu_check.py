@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import gpu_check
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-gpu_check = importlib.import_module("gpu_check")
 
 TRAINERS = ["ppo_continuous", "grpo", "ppo_ddp", "ppo_recurrent", "ppo_vla", "grpo_vla", "ppo_vla_async", "ppo_vla_ddp"]
 

@@ -5,7 +5,6 @@ stretches of steps, read as zeros with a 0/1 flag)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -340,9 +339,7 @@ def test_without_dropout_the_observation_is_unchanged():
 
 
 def test_reports_of_dropout_runs_depend_on_its_fingerprint():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import provenance
-
+    from benchmarks.suite import provenance
     from tests.numerics import FINGERPRINTS
 
     command = 'python cleanrl_embodied/ppo_continuous.py --env-kwargs \'{"dropout_sensor": "cube"}\''

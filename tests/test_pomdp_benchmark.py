@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 import tyro
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-pomdp = importlib.import_module("pomdp")
-provenance = importlib.import_module("provenance")
-benchlib = importlib.import_module("benchlib")
+from benchmarks import common as benchlib
+from benchmarks.experiments import pomdp
+from benchmarks.suite import provenance
+
+REPO = Path(__file__).resolve().parents[1]
 
 OURS_PENDULUM = (
     '--env-id Pendulum-v1 --env-kwargs {"obs_indices": [0, 1]} --num-envs 8 --num-steps 128 --num-minibatches 2 '
     "--update-epochs 10 --gamma 0.95 --gae-lambda 0.95 --learning-rate 3e-3 --norm-obs --norm-reward "
     "--rnn-hidden-size 64 --hidden-sizes 64 --total-timesteps 100000 --eval-freq 0 --num-eval-envs 10 "
     "--num-eval-episodes 10 --compile off --no-cuda"
-)  # the flags of benchmarks/configs/pomdp/ppo_recurrent__PendulumNoVel.txt (chosen on seeds 11-13)
+)  # the flags of benchmarks/suite/configs/pomdp/ppo_recurrent__PendulumNoVel.txt (chosen on seeds 11-13)
 
 
 def parse(spec):
@@ -79,8 +79,8 @@ def test_pendulum_commands_are_the_specified_ones_and_the_controls_share_them():
     for name in same:  # the controls: ours' budget and PPO settings
         assert getattr(mlp, name) == getattr(stacked, name) == getattr(a, name), name
     sb3 = specs["sb3"]
-    assert sb3.command == [sys.executable, str(BENCH / "sb3_recurrent_ppo.py"), "--seed", "1", "--total-timesteps",
-                           "100000", "--eval-episodes", "10"]  # fmt: skip
+    assert sb3.command == [sys.executable, "-m", "benchmarks.peers.sb3_recurrent_ppo", "--seed", "1",
+                           "--total-timesteps", "100000", "--eval-episodes", "10"]  # fmt: skip
     assert sb3.env == {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/tmp/sb3"}
     tiny = {s.method: s for s in pomdp.plan(pomdp.Args(experiment="pendulum", seeds=1, tiny=True))}
     assert parse(tiny["ppo_recurrent"]).total_timesteps == 2048 and "2048" in tiny["sb3"].command
@@ -108,7 +108,7 @@ def test_push_cube_commands_run_the_trainers_defaults_with_the_budget_and_the_dr
 
 
 def test_the_driver_and_its_runs_depend_on_the_fingerprints_they_use():
-    assert provenance.depends_on("uv run python benchmarks/pomdp.py --experiment all") == [
+    assert provenance.depends_on("uv run python -m benchmarks.experiments.pomdp --experiment all") == [
         "env-PushCubeRL",
         "env-PushCubeRL-dropout",
         "ppo_continuous",
@@ -181,7 +181,7 @@ def fake(experiment, method, seed, position, train_s, ret=None, success=None, hi
 def fake_data(runs):
     machine = {"cpu": "CPU", "logical_cores": 2, "usable_cores": 2, "memory_gib": 8, "gpu": "none", "os": "Linux",
                "load_avg_1_5_15": [1.0, 1.0, 1.0]}  # fmt: skip
-    return {"args": {**vars(pomdp.Args()), "methods": []}, "command": "uv run python benchmarks/pomdp.py",
+    return {"args": {**vars(pomdp.Args()), "methods": []}, "command": "uv run python -m benchmarks.experiments.pomdp",
             "machine": machine, "versions": {"torch": "2.15.0"}, "git": {"git_sha": "abc", "git_dirty": False},
             "runs": runs, "total_s": 600.0, "finished": 0.0, "load_avg_end": [1.0, 1.0, 1.0]}  # fmt: skip
 
@@ -238,7 +238,7 @@ def test_sb3_runner_masks_the_velocity_as_rl_zoo_does_and_keeps_its_recipe():
     import gymnasium as gym
     import numpy as np
 
-    runner = importlib.import_module("sb3_recurrent_ppo")
+    runner = importlib.import_module("benchmarks.peers.sb3_recurrent_ppo")
     env = runner.make_pendulum_novel()
     obs, _ = env.reset(seed=0)
     inner = env.unwrapped.state  # [θ, θ̇]
@@ -264,7 +264,8 @@ def test_tiny_full_experiment_end_to_end(tmp_path):
     out = tmp_path / "pomdp"
     command = [
         sys.executable,
-        str(BENCH / "pomdp.py"),
+        "-m",
+        "benchmarks.experiments.pomdp",
         "--experiment",
         "full",
         "--tiny",
@@ -296,7 +297,8 @@ def test_tiny_full_experiment_end_to_end(tmp_path):
     assert "seed 1: ppo_recurrent, ppo_continuous; seed 2: ppo_continuous, ppo_recurrent" in report
     assert "![full](full.png)" in report and (out / "full.png").stat().st_size > 10_000
     prov = json.loads((out / "provenance.json").read_text())
-    assert prov["command"].startswith("uv run python benchmarks/pomdp.py --experiment full") and len(prov["runs"]) == 4
+    assert prov["command"].startswith("uv run python -m benchmarks.experiments.pomdp --experiment full")
+    assert len(prov["runs"]) == 4
     assert set(prov["fingerprints"]) == {"env-PushCubeRL", "env-PushCubeRL-dropout", "ppo_continuous", "ppo_recurrent"}
     pomdp.main(pomdp.Args(out=str(out), report_only=True))
     assert (out / "report.md").read_text() == report

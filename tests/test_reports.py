@@ -1,27 +1,26 @@
 """Every published figure traces to a report that says where it came from, and a report whose numbers the code no
 longer computes says so, in the report and wherever it is quoted (a paragraph that links its folder or its section of
 docs/benchmarks.md): in the quoting paragraph, or in an earlier paragraph of its section that quotes it too
-(benchmarks/provenance.py, docs/benchmarks.md)."""
+(benchmarks/suite/provenance.py, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import re
+import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.suite import provenance, quotes
+from benchmarks.suite.quotes import paragraph_quotes, quoted, report_anchors, section_anchors
 from tests.extras import needs
 from tests.numerics import FINGERPRINTS
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
-sys.path.insert(0, str(REPO / "benchmarks"))
-import provenance  # noqa: E402
-from quotes import paragraph_quotes, quoted, report_anchors, section_anchors  # noqa: E402
 
 REPORTS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
 PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "figures.md")]
@@ -32,14 +31,27 @@ LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)")
 @pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
 def test_every_report_records_its_commit_date_machine_and_command(report):
     path = report / provenance.FILE
-    assert path.is_file(), f"docs/results/{report.name} has no {provenance.FILE} (benchmarks/provenance.py)"
+    assert path.is_file(), f"docs/results/{report.name} has no {provenance.FILE} (benchmarks/suite/provenance.py)"
     prov = json.loads(path.read_text())
     assert re.fullmatch(r"[0-9a-f]{40}", prov["commit"]), prov["commit"]
     assert re.match(r"20\d\d-\d\d-\d\d", prov["date"]) and prov["machine"], (prov["date"], prov["machine"])
     command = prov["command"]
-    assert isinstance(command, str) and ("benchmarks/" in command or "cleanrl_embodied/" in command), command
+    assert isinstance(command, str) and ("benchmarks" in command or "cleanrl_embodied/" in command), command
     assert isinstance(prov["runs"], list)
     assert prov["fingerprints"] is None or set(prov["fingerprints"]) <= set(FINGERPRINTS), prov["fingerprints"]
+
+
+@pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
+def test_every_report_command_names_a_script_that_exists(report):
+    """The command that measures a report again starts a script of this repository that is there today: by its path
+    (`benchmarks/gpu_check.py`, `cleanrl_embodied/ppo_continuous.py`) or as a module (`-m benchmarks.suite.run`)."""
+    command = json.loads((report / provenance.FILE).read_text())["command"]
+    tokens = shlex.split(command)
+    found = provenance.script_of(tokens)
+    assert found is not None, f"{report.name}: no script in {command!r}"
+    at, _, _ = found
+    path = tokens[at] if tokens[at].endswith(".py") else tokens[at].replace(".", "/") + ".py"
+    assert (REPO / path).is_file(), f"{report.name}: {command!r} starts {path}, which does not exist"
 
 
 def test_every_report_names_a_commit_of_this_repository():
@@ -73,7 +85,8 @@ def test_a_report_whose_fingerprints_moved_is_marked_stale():
         if why and not prov["stale"]:
             unmarked.append(f"docs/results/{report.name} ({why})")
     assert not unmarked, (
-        f"measure these again or mark them stale (uv run python benchmarks/provenance.py --mark-stale): {unmarked}"
+        "measure these again or mark them stale (uv run python -m benchmarks.suite.provenance --mark-stale): "
+        f"{unmarked}"
     )
 
 
@@ -81,7 +94,7 @@ def unmarked_quotes(pages: list[Path], results: Path) -> list[str]:
     """Where a stale report under `results` is shown without saying so: its page without the banner, and each
     paragraph of `pages` (README.md, docs/*.md) that quotes it without "stale", in the paragraph or in an earlier one
     of its section that quotes it too (a table's rows: each row that quotes it). A paragraph quotes a report when it
-    links its folder or its section of docs/benchmarks.md or its archive (benchmarks/quotes.py)."""
+    links its folder or its section of docs/benchmarks.md or its archive (benchmarks/suite/quotes.py)."""
     root = results.parents[1]
     stale = {r.name for r in results.iterdir() if (r / provenance.FILE).is_file() and provenance.load(r)["stale"]}
     problems = []
@@ -389,7 +402,7 @@ def test_vla_fewshot_records_the_commit_each_run_started_from(tmp_path, quiet_ma
     """--report-only writes the provenance from the runs' time files: each run at the commit its time file names,
     one without (as this report's own runs were recorded) at an unknown commit, a run not yet run at the driver's."""
     _have(RECURRENT_BEFORE)
-    fs = importlib.import_module("vla_fewshot")
+    fs = importlib.import_module("benchmarks.experiments.vla_fewshot")
     args = fs.Args(runs_dir=str(tmp_path / "runs"), seeds=(1,), obs_modes=("proprio+rgb",), ks=(1,), rows=("grpo",),
                    out=str(tmp_path / "out"), report_only=True)  # fmt: skip
     runs = Path(args.runs_dir)
@@ -397,8 +410,8 @@ def test_vla_fewshot_records_the_commit_each_run_started_from(tmp_path, quiet_ma
     for name, cmd, git in (("pretrain", fs.pretrain_command(args), None),
                            ("proprio_rgb/demos_s1", fs.demos_command(args, "proprio+rgb", 1), before)):  # fmt: skip
         record = {"cpu_s": 1.0, "wall_s": 1.0, "command": fs.shell_command(cmd), **({"git": git} if git else {})}
-        fs.vla_rl.time_file(runs, name).parent.mkdir(parents=True, exist_ok=True)
-        fs.vla_rl.time_file(runs, name).write_text(json.dumps(record))
+        fs.vla_runs.time_file(runs, name).parent.mkdir(parents=True, exist_ok=True)
+        fs.vla_runs.time_file(runs, name).write_text(json.dumps(record))
     fs.main(args)
     prov = json.loads((tmp_path / "out" / provenance.FILE).read_text())
     groups = {g["commit"]: g["runs"] for g in prov["runs_at"]}
@@ -408,15 +421,15 @@ def test_vla_fewshot_records_the_commit_each_run_started_from(tmp_path, quiet_ma
 
 
 def test_the_figures_index_is_current_and_maps_each_quoted_figure_to_its_report():
-    """docs/figures.md is what benchmarks/quotes.py writes today; in it, README's Results rows stand under the reports
-    they link (a table row, not the table's header), each report with its command and whether it is fresh."""
-    quotes = importlib.import_module("quotes")
+    """docs/figures.md is what benchmarks/suite/quotes.py writes today; in it, README's Results rows stand under the
+    reports they link (a table row, not the table's header), each report with its command and whether it is fresh."""
     page = REPO / "docs" / "figures.md"
-    assert page.read_text() == quotes.index(), "docs/figures.md is out of date: uv run python benchmarks/quotes.py"
+    stale = "docs/figures.md is out of date: uv run python -m benchmarks.suite.quotes"
+    assert page.read_text() == quotes.index(), stale
     text = page.read_text()
     full = text.split("## full-cpu\n", 1)[1].split("\n## ", 1)[0]
     assert "- fresh" in full or "- stale since" in full
-    assert "uv run python benchmarks/run.py --suite full" in full and "eval return **2794" in full
+    assert "uv run python -m benchmarks.suite.run --suite full" in full and "eval return **2794" in full
     assert "`README.md`: / Pusher-v5, the same" in full and "/ what / result /" not in full
     reports = {r.name for r in REPORTS if (r / provenance.FILE).is_file()}
     assert set(re.findall(r"^## (\S+)$", text, flags=re.M)) == reports

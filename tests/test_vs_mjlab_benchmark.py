@@ -4,20 +4,14 @@ real invocation of every kind of run."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import tyro
 
+from benchmarks.peers import vs_mjlab
 from tests.extras import needs
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-vs_mjlab = importlib.import_module("vs_mjlab")
 
 
 def parsed(spec):
@@ -82,7 +76,7 @@ def test_the_report_from_made_up_runs(tmp_path):
     smoke = made_up("Mjlab-Lift-Cube-Yam", "smoke", 1, 0.5)
     smoke["metrics"]["eval"] = {"episodic_return": 0.5, "success_rate": 0.0, "Metrics/lift_height/at_goal": 0.0}
     data = {"args": {"tasks": [task], "skip": 3, "tiny": False}, "runs": [*runs, smoke], "total_s": 600.0,
-            "finished": 0.0, "command": "uv run python benchmarks/vs_mjlab.py", "load_avg_end": [1, 1, 1],
+            "finished": 0.0, "command": "uv run python -m benchmarks.peers.vs_mjlab", "load_avg_end": [1, 1, 1],
             "machine": {"cpu": "x", "logical_cores": 2, "usable_cores": 2, "memory_gib": 8, "gpu": "none", "os": "y",
                         "load_avg_1_5_15": [1, 1, 1]}, "versions": {"mjlab": "1.6.0"},
             "git": {"git_sha": "abc", "git_dirty": False}}  # fmt: skip

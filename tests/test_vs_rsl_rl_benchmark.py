@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.peers import vs_rsl_rl as vs
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-vs = importlib.import_module("vs_rsl_rl")
 
 
 # ---- the plan -----------------------------------------------------------------------------------------------------
@@ -37,8 +37,8 @@ def test_dry_run_plans_every_method_per_pair_alternating_with_one_thread_and_the
     assert ours["ours_on"].command[2:] == [*base, "--compile", "on"]
     assert all("PYTHONPATH" not in s.env for s in ours.values())
     theirs = {s.method: s for s in specs if s.pair == 2 and s.method in vs.RSL_RL}
-    assert theirs["rsl_rl_eager"].command[1].endswith("benchmarks/rsl_rl_push_cube.py")
-    assert theirs["rsl_rl_eager"].command[2:] == ["--seed", "2", "--total-timesteps", "1000000", "--compile", "none"]
+    assert theirs["rsl_rl_eager"].command[1:3] == ["-m", "benchmarks.peers.rsl_rl_push_cube"]
+    assert theirs["rsl_rl_eager"].command[3:] == ["--seed", "2", "--total-timesteps", "1000000", "--compile", "none"]
     assert theirs["rsl_rl_compiled"].command[-2:] == ["--compile", "default"]
     assert all(s.env == {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/somewhere/rsl_rl"} for s in theirs.values())
 
@@ -113,7 +113,7 @@ def made_up_run(pair: int, method: str, process_s: float, steady_s: float, succe
 def made_up_data(runs: list[dict]) -> dict:
     return {
         "args": vars(vs.Args(methods=("ours", "rsl_rl_eager", "rsl_rl_compiled"))),
-        "command": "uv run --extra export python benchmarks/vs_rsl_rl.py",
+        "command": "uv run --extra export python -m benchmarks.peers.vs_rsl_rl",
         "rsl_rl_version": "5.5.1",
         "machine": {
             "cpu": "a CPU",
@@ -177,7 +177,7 @@ def import_rsl_rl():
         importlib.import_module("rsl_rl")
     except ImportError:
         pytest.skip(f"rsl_rl is not installed (not a dependency): `{vs.INSTALL}`, then RSL_RL_PATH=/tmp/rsl_rl")
-    return importlib.import_module("rsl_rl_push_cube")
+    return importlib.import_module("benchmarks.peers.rsl_rl_push_cube")
 
 
 def test_the_adapter_is_rsl_rls_vec_env_with_time_outs_at_the_time_limit():

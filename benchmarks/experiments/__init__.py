@@ -1,0 +1,1 @@
+"""Finished experiments: memory on partially observed tasks, the VLA experiments, PushCubeRL's variants."""

@@ -1,0 +1,1 @@
+"""Speed probes: env throughput, training SPS, where an iteration's time goes, what compiling costs."""

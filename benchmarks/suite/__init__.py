@@ -1,0 +1,1 @@
+"""The reproducibility suite, its statistics and the provenance of every published figure."""
