@@ -125,7 +125,8 @@ def migrate(old: dict, out: Path) -> list[dict]:
                  "provenance.json beside it says which task, results folder, commands and --until-step they ran "
                  "(move it away to start afresh)")  # fmt: skip
     tokens = shlex.split(prov["command"])
-    at = next((i for i, t in enumerate(tokens) if t.endswith("curves_at.py")), None)
+    found = provenance.script_of(tokens)  # (`-m benchmarks.archaeology.curves_at`, or an older record's path)
+    at = found[0] if found and found[2] == "curves_at" else None
     try:
         made = tyro.cli(Args, args=tokens[at + 1 :], console_outputs=False) if at is not None else None
     except SystemExit:
