@@ -417,7 +417,7 @@ def main(args: Args) -> dict:
     # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
-    policy = compiled(policy_step)
+    policy = compiled(policy_step, on_cpu=False)  # the rollout's policy step compiles on CUDA only (not paying on CPU)
     advantages_fn = compiled(group_advantages if args.advantage == "step" else episode_advantages)
     loss_fn, clip_fn, step_fn = compiled(grpo_loss), compiled(clip_gradients), compiled(optimizer.step)
 

@@ -374,7 +374,9 @@ def main(args: Args) -> dict:
     # torch.compile or eager: --compile auto on the CPU decides after the 2nd iteration; a resume keeps the choice
     compiled = shared.Compiler(args.compile, device, logger.write, trainer, flags, args.cudagraphs,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
-    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    # the rollout's policy step and V compile on CUDA only: on the CPU, compiling them did not pay
+    policy = compiled(partial(policy_step, agent_inference), on_cpu=False)
+    value_fn = compiled(agent_inference.get_value, on_cpu=False)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule

@@ -451,7 +451,9 @@ def train(
     work = {**dataclasses.asdict(args), "world_size": world_size}  # what one iteration's time depends on
     compiled = shared.Compiler(args.compile, device, say, trainer, work, args.cudagraphs,
                                decided=ckpt and ckpt.get("compiled"))  # fmt: skip
-    policy, value_fn = compiled(partial(policy_step, agent_inference)), compiled(agent_inference.get_value)
+    # the rollout's policy step and V compile on CUDA only: on the CPU, compiling them did not pay
+    policy = compiled(partial(policy_step, agent_inference), on_cpu=False)
+    value_fn = compiled(agent_inference.get_value, on_cpu=False)
     loss_fn, clip_fn, step_fn = compiled(ppo_loss), compiled(clip_gradients), compiled(optimizer.step)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule

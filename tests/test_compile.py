@@ -354,6 +354,28 @@ def test_on_compiles_from_the_first_call_off_never_and_auto_not_where_it_does_no
     assert set(fake.at) == ({0} if compiles else set()), fake.at
 
 
+def test_a_function_kept_eager_on_the_cpu_compiles_on_other_devices(monkeypatch):
+    fake = _FakeCompile(torch)
+    monkeypatch.setattr(compilation, "torch", fake)
+    step, value = lambda x: x + 1, lambda x: x * 2  # noqa: E731
+    cpu, _ = _compiler("on")
+    assert cpu(step, on_cpu=False)(1) == 2 and cpu(value)(2) == 4
+    assert [fn for fn, _ in fake.compiled] == [value]
+    elsewhere = Compiler("on", torch.device("meta"), print, {"script": "my_ppo", "sha256": "abc"}, {})
+    assert elsewhere(step, on_cpu=False)(1) == 2 and [fn for fn, _ in fake.compiled] == [value, step]
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_ddp", "ppo_recurrent", "grpo"])
+def test_the_classic_trainers_compile_their_update_but_not_their_rollout_on_the_cpu(tmp_path, monkeypatch, name):
+    """--compile on, on the CPU: the loss, the clipping and Adam's step compiled; the policy step and V eager."""
+    module = TRAINERS[name]
+    fake, _ = _watch(monkeypatch, PAYS)
+    module.main(tiny_args(module, tmp_path, THREE_ITERATIONS, compile="on"))
+    names = {getattr(getattr(fn, "func", fn), "__name__", "") for fn, _ in fake.compiled}
+    assert {"clip_gradients", "step"} <= names and ("grpo_loss" if name == "grpo" else "ppo_loss") in names, names
+    assert not names & {"policy_step", "get_value"}, names
+
+
 def test_a_resumed_auto_run_keeps_the_choice_its_checkpoint_recorded(tmp_path, monkeypatch, capsys):
     """The choice made at the second iteration is in that iteration's checkpoint; resumed from it, the run compiles
     from its first call whatever it would decide now, and ends where the straight run ends."""
