@@ -443,7 +443,7 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
 
 
 def test_async_benchmark_end_to_end(tmp_path):
-    """benchmarks/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
+    """benchmarks/speed/async_speed.py on a tiny budget: one sync and one async run, their table, plot and json."""
     out, md = tmp_path / "async", tmp_path / "RESULTS.md"
     extra = "--num-envs 64 --num-steps 8 --num-minibatches 2 --update-epochs 1 --num-eval-envs 8 --num-eval-episodes 8"
     flags = ["--latencies", "2", "--seeds", "1", "--total-timesteps", "2048", "--hidden-sizes", "16", "16"]
@@ -566,7 +566,7 @@ def test_vs_cleanrl_makes_the_two_gymnasium_1_edits_once_each_and_refuses_anothe
 
 @needs("vla")
 def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start():
-    """benchmarks/vla_rl.py: its behaviour-cloning, RL and control commands are accepted by bc.py's, the trainers'
+    """experiments/vla_rl.py: its behaviour-cloning, RL and control commands are accepted by bc.py's, the trainers'
     and dagger.py's Args (nothing is run); every run starts from its own seed's behaviour-cloned model; each row
     passes its knob and nothing else differs between the rows of one trainer."""
     vla_rl = importlib.import_module("benchmarks.experiments.vla_rl")
@@ -631,7 +631,7 @@ def test_vla_rl_report_pairs_every_row_with_its_own_seeds_start_and_control():
 
 
 def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
-    """The premise of benchmarks/vla_rl.py's paired evaluation: evaluations that reset its envs with its seed see
+    """The premise of experiments/vla_rl.py's paired evaluation: evaluations that reset its envs with its seed see
     the same first observations (image, state, instruction of every env) whatever was played before, another
     seed's envs see other ones, and the held-out instructions come with the same starts and tasks in other words."""
     import torch
@@ -669,7 +669,7 @@ def test_vla_rl_paired_env_gives_every_evaluation_the_same_starts():
 
 @needs("vla")
 def test_vla_rl_final_eval_loads_each_checkpoint_on_its_start_and_keeps_results(tmp_path, monkeypatch):
-    """benchmarks/vla_rl.py's paired final evaluation: a checkpoint holding the start's own weights scores exactly
+    """experiments/vla_rl.py's paired final evaluation: a checkpoint holding the start's own weights scores exactly
     what the start scores, a checkpoint of another base is refused, and results are kept until a checkpoint
     is written again."""
     import torch
@@ -994,7 +994,7 @@ torch.save({{"model": {{"w": torch.ones(2)}}, "extra": RunsCode()}}, out + "/che
 
 @needs("vla")
 def test_vla_fewshot_commands_parse_with_the_scripts_and_start_from_the_pretraining_and_the_seeds_start():
-    """benchmarks/vla_fewshot.py: its pretraining, demonstrations, few-shot, RL, control and oracle commands are
+    """experiments/vla_fewshot.py: its pretraining, demonstrations, few-shot, RL, control and oracle commands are
     accepted by the scripts' Args (nothing is run); the start reads the pretraining output of its observation mode
     and its seed's demonstrations, every row starts from the seed's start, and the RL rows run on the target (the
     held-out diagonal tasks through the pretraining's window) with a 0/1 reward."""

@@ -1,4 +1,4 @@
-"""benchmarks/pomdp.py (memory on partially observed tasks) and its sb3 runner, without sb3 and without a long run:
+"""experiments/pomdp.py (memory on partially observed tasks) and its sb3 runner, without sb3 and without a long run:
 the commands each experiment builds and their order, the metrics read back, the report from made-up runs, and a tiny
 real `--experiment full` of our two trainers."""
 

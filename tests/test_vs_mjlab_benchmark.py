@@ -1,4 +1,4 @@
-"""benchmarks/vs_mjlab.py (ppo_continuous against mjlab's own rsl_rl train script) without a long run: the commands
+"""peers/vs_mjlab.py (ppo_continuous against mjlab's own rsl_rl train script) without a long run: the commands
 and their order, the recipe mapped onto our flags, the report from made-up runs, and (with the mjlab extra) a tiny
 real invocation of every kind of run."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/vs_rsl_rl.py (ours against rsl_rl on PushCubeRL) and its rsl_rl side, benchmarks/rsl_rl_push_cube.py:
+"""peers/vs_rsl_rl.py (ours against rsl_rl on PushCubeRL) and its rsl_rl side, rsl_rl_push_cube.py:
 the runs it plans, the figures its report states, its one-line errors, and the VecEnv adapter against rsl_rl's
 interface (where rsl_rl is importable: it is not this project's dependency; RSL_RL_PATH names a `uv pip install
 --target` folder of it)."""
