@@ -530,8 +530,7 @@ def report(data: dict, out: Path, image_prefix: str = "") -> str:
 
 
 def write_outputs(data: dict, out: Path, results_md: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     title = "# Memory on partially observed tasks (CPU)"
     write_report(out, title, lambda prefix: report(data, out, prefix), results_md)
 

@@ -47,6 +47,7 @@ from benchmarks.common import (
     machine_info,
     md_table,
     read_scalars,
+    save_runs,
     shell_command,
     write_section,
 )
@@ -470,8 +471,7 @@ def main(args: Args) -> None:
         run_all(args)
     data = collect(args)
     out = Path(args.out) if args.out else RESULTS_DIR / "vla-fewshot-cpu"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     plot(data, out)
     body = report(data)
     title = "VLA: what RL adds to a pretrained base from few demonstrations"

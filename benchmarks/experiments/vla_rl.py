@@ -48,6 +48,7 @@ from benchmarks.common import (
     machine_info,
     md_table,
     read_scalars,
+    save_runs,
     shell_command,
     write_section,
 )
@@ -398,8 +399,7 @@ def main(args: Args) -> None:
     name = "vla-rl-control-cpu" if args.obs_mode == "state+rgb" else "vla-rl-control-proprio-cpu"
     out = Path(args.out) if args.out else RESULTS_DIR / name
     title = f"VLA: RL against an imitation control ({args.obs_mode})"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     plot(data, out / "vla_rl.png")
     body = report(data)
     (out / "report.md").write_text(f"# {title} ({time.strftime('%Y-%m-%d')})\n\n{body}\n")

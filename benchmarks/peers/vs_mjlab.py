@@ -535,8 +535,7 @@ def report(data: dict, out: Path, image_prefix: str = "") -> str:
 
 
 def write_outputs(data: dict, out: Path, results_md: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     title = "# ppo_continuous against mjlab's rsl_rl (CPU)"
     write_report(out, title, lambda prefix: report(data, out, prefix), results_md)
 

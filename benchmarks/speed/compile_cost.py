@@ -190,7 +190,7 @@ def main(args: Args) -> dict | list[dict]:
         save_runs(data, out)
     data.update(finished_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 load_avg_end=machine_info()["load_avg_1_5_15"])  # fmt: skip
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     write_outputs(data, out, args.results_md)
     provenance.record(out, command, [r["command"] for r in data["runs"]], data["machine"], data["git"])
     return data

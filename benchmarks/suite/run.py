@@ -66,6 +66,7 @@ from benchmarks.common import (
     package_versions,
     read_flags,
     read_scalars,
+    save_runs,
     shell_command,
     write_section,
 )
@@ -422,7 +423,7 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
 
 
 def write_outputs(data: dict, out: Path, results_md: str, name: str) -> None:
-    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    save_runs(data, out)
     (out / "report.md").write_text(f"# {data['suite']} suite ({data['device']})\n\n" + report(data, out, "") + "\n")
     if results_md:
         md = Path(results_md)
