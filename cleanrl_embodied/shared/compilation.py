@@ -174,8 +174,9 @@ class Compiler:
         2-core CPU (ppo_continuous at its defaults, one thread, 200 calls each interleaved with the eager function
         in one process), the policy step on 256 observations took 1.03-1.09x as long compiled as eager and 4-9 s to
         compile, V(obs) 1.8x as long and 0.5-0.9 s; the update's functions gained (the loss's forward and backward
-        0.77-0.84x, the gradient clipping 0.80x, Adam's step 0.25x). On CUDA they compile with the rest (CUDA graphs
-        capture them compiled)."""
+        0.77-0.84x, the gradient clipping 0.80x, Adam's step 0.25x). In whole ppo_continuous runs on the loaded
+        machine the difference was within noise (docs/benchmarks.md, "Compiling on the CPU"). On CUDA they compile
+        with the rest (CUDA graphs capture them compiled)."""
         compiled, eager_here = None, not on_cpu and self.device.type == "cpu"
 
         def run(*args, **kwargs):  # (its first call after an iteration ends starts the next one's clock)
