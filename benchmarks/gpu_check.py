@@ -1,8 +1,9 @@
-"""One prepared check of the project on a GPU, in one command: ~8 min on one H100, a dry run in seconds on a CPU.
+"""One prepared check of the project on a GPU in one command, under 10 min on one H100/H200; a dry run on a CPU.
 
     uv run python benchmarks/gpu_check.py                  # on a lent GPU: writes docs/results/gpu-<device>-<date>/
     uv run python benchmarks/gpu_check.py --dry-run        # CPU, tiny sizes, seconds: to a new temp folder (CI)
     uv run python benchmarks/gpu_check.py --parts env ppo --timeout.ppo 200
+    python benchmarks/gpu_check.py --parts mjlab          # part 7 alone, with mjlab installed (see there)
 
 Parts, each in its own worker process (the dry run: all in one) with its own time budget (`--timeout.<part>`
 seconds); inside a part every item is a try-block, so one failure is reported and the rest still runs; a part
@@ -23,6 +24,17 @@ that runs past its budget is killed and keeps the items it finished:
    layers each (`--vla-layers`), random bf16 weights, LoRA (rank 16, every linear layer), bf16 autocast: peak GPU
    memory and env-steps/s of a ppo_vla and a grpo_vla iteration with gradient checkpointing, and ppo_vla without,
    each at the largest micro-batch size that fits (tried from the minibatch size down, halving).
+6. rsl_rl: rsl_rl 5.5.1's PPO (benchmarks/peers/rsl_rl_push_cube.py, ours' settings, as peers/vs_rsl_rl.py runs it
+   on the CPU) on part 4's setting, eager and `torch_compile_mode="default"`: steady SPS, the env steps and seconds
+   until its training episodes succeed 90% of the time, its final evaluation; the report sets each side's faster
+   variant beside the other's. rsl_rl is not a dependency: on the GPU machine it is installed from wheels, as
+   tensordict and tyro are (docs/results/gpu-h200-2026-11-26/README.md); where it is missing the items are skipped.
+7. mjlab (only with `--parts mjlab`, a run of its own): `Mjlab-Velocity-Flat-Unitree-Go1` at 4096 envs for 50
+   iterations of its recipe, ppo_continuous and then mjlab's own train script (rsl_rl), as peers/vs_mjlab.py pairs
+   them on the CPU: steady env steps/s and the training return reached; then `Mjlab-Lift-Cube-Yam` while the budget
+   lasts. Not in the default run: mjlab's packages that a GPU image lacks are about 200 MiB of wheels (warp-lang's
+   alone 142 MiB), more than one command's transfer to an offline machine holds, and Warp compiles its kernels on
+   the first step; `benchmarks/gpu_wheels.py` downloads them at uv.lock's versions in pieces that fit.
 
 Host syncs: the trainers part runs each trainer under `torch.cuda.set_sync_debug_mode("warn")`, which makes every
 synchronizing CUDA call that goes through PyTorch's sync check (`.item()`, `.tolist()`, `float(t)`, `if t:`,
@@ -52,6 +64,7 @@ import datetime
 import functools
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -78,10 +91,14 @@ from benchmarks import real_width_vla
 from benchmarks.common import REPO, RESULTS_MD, md_table, write_section
 from benchmarks.real_width_vla import LAST_BUILD, PALIGEMMA_3B
 
-Part = Literal["tests", "trainers", "env", "ppo", "vla"]
-PARTS: tuple[str, ...] = ("tests", "trainers", "env", "ppo", "vla")
-TIMEOUTS = {"tests": 50.0, "trainers": 130.0, "env": 30.0, "ppo": 150.0, "vla": 80.0}
-"""seconds per part on one H100: 440 s, and 8 s of start-up per worker: at most 8 minutes in all"""
+Part = Literal["tests", "trainers", "env", "ppo", "vla", "rsl_rl", "mjlab"]
+PARTS: tuple[str, ...] = ("tests", "trainers", "env", "ppo", "vla", "rsl_rl")
+"""the default run"""
+OWN_RUN_PARTS: tuple[str, ...] = ("mjlab",)
+"""parts only `--parts` runs: their packages are more than one transfer to an offline GPU machine carries (part 7)"""
+TIMEOUTS = {"tests": 50.0, "trainers": 120.0, "env": 30.0, "ppo": 130.0, "vla": 80.0, "rsl_rl": 90.0, "mjlab": 420.0}
+"""seconds per part on one H100/H200: the default parts 500 s, and 8 s of start-up per worker: at most 9.2 minutes
+in all (the parts took 176 s of their 440 s on an H200 on 2026-11-26); mjlab alone 7.1 minutes"""
 DRY_TIMEOUT = 300.0  # each part of the dry run (a loaded CPU); the whole dry run takes well under a minute
 GRACE_S = 8.0  # a worker's start-up (imports) on top of its parts' budgets
 
@@ -421,7 +438,8 @@ def one_line(e: BaseException) -> str:
 def worker_info(cuda: bool) -> dict[str, Any]:
     """Versions and machine, from inside a worker (what ran)."""
     import torch
-    from benchlib import git_info, machine_info, package_versions
+
+    from benchmarks.common import git_info, machine_info, package_versions
 
     info = {"versions": package_versions(), "git": git_info(), "machine": machine_info()}
     for name in ("transformers", "peft"):
@@ -724,6 +742,11 @@ def part_ppo(w: Worker) -> None:
         metrics = {"num_envs": flags["num_envs"], "eval_every_iterations": plan["eval_every"],
                    "cap_env_steps": kwargs["total_timesteps"], "cap_s": round(cap),
                    "evals": [[s, round(v, 3)] for s, v in zip(eval_steps, success)]}  # fmt: skip
+        train_steps, train_success = scalars.get("charts/success_rate", ([], []))
+        _, train_walls = common.scalar_wall_times(run_dir, "charts/success_rate") if train_steps else ([], [])
+        train_hit, train_at = first_at(train_steps, train_success, train_walls)  # (as rsl_rl's part reads its own)
+        metrics.update(train_env_steps_to_0_9=train_hit,
+                       train_s_to_0_9=None if train_at is None else round(train_at - start, 1))  # fmt: skip
         if hit is not None:
             step = eval_steps[hit]
             rate = dict(zip(sps_steps, sps)).get(step)
@@ -815,8 +838,112 @@ def part_vla(w: Worker) -> None:
         w.item(label, body)
 
 
+# ---- 6. rsl_rl side by side: its PPO with ppo_continuous's settings, on PushCubeRL at the ppo part's size ---------
+RSL_RL_MODES = {"rsl_rl, eager": "none", 'rsl_rl, torch_compile_mode="default"': "default"}
+"""label -> rsl_rl_push_cube.py's --compile (rsl_rl's torch_compile_mode)"""
+
+
+def first_at(steps: list[int], values: list[float], walls: list[float], threshold: float = 0.9):
+    """(step, wall time) of the first logged value >= threshold, or (None, None)."""
+    return next(((s, t) for s, v, t in zip(steps, values, walls) if v >= threshold), (None, None))
+
+
+def part_rsl_rl(w: Worker) -> None:
+    """rsl_rl 5.5.1's OnPolicyRunner through benchmarks/peers/rsl_rl_push_cube.py (its VecEnv adapter, ours' settings,
+    as in peers/vs_rsl_rl.py) on the ppo part's PushCubeRL setting, eager and compiled, each for the ppo part's
+    time-to-0.9 run's env steps, in a process of its own: steady SPS (median iteration after the ppo part's skip),
+    the env steps and seconds until its training episodes succeed 90% of the time, and the final evaluation. The ppo
+    part's runs are ours' side; the report sets the two beside each other."""
+    from benchmarks.common import read_scalars, scalar_wall_times
+    from benchmarks.peers import vs_rsl_rl
+
+    plan = ppo_plan(w.dry)
+    flags = plan["flags"]
+    per_iteration = flags["num_envs"] * flags["num_steps"]
+    iterations = max(plan["success_iterations"], plan["skip"] + 2)  # (steady needs two after the skipped ones)
+    device = "cuda" if w.cuda else "cpu"
+    for label, mode in RSL_RL_MODES.items():
+
+        def body(it: dict[str, Any], label: str = label, mode: str = mode) -> None:
+            root = w.out / "runs" / "rsl_rl" / slug(label)
+            argv = ["--device", device, "--seed", "1", "--num-envs", str(flags["num_envs"]),
+                    "--num-steps", str(flags["num_steps"]), "--learning-rate", f"{flags.get('learning_rate', 1e-3):g}",
+                    "--total-timesteps", str(iterations * per_iteration), "--compile", mode,
+                    "--num-eval-envs", str(flags["num_eval_envs"]), "--num-eval-episodes",
+                    str(flags["num_eval_episodes"]), "--log-dir", str(root / "tb"),
+                    "--timings", str(root / "timings.json")]  # fmt: skip
+            it["command"] = "python -m benchmarks.peers.rsl_rl_push_cube " + shlex.join(argv)
+            if importlib.util.find_spec("rsl_rl") is None:
+                it["skip"] = f"rsl_rl is not installed (not a dependency): {vs_rsl_rl.INSTALL}, then PYTHONPATH"
+                return
+            if w.dry and mode != "none":
+                it["skip"] = "dry run: compiling costs ~10 s on a CPU"
+                return
+            root.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"} if w.dry else dict(os.environ)
+            with open(w.out / "logs" / f"{slug(label)}.log", "w") as f:
+                subprocess.run([sys.executable, "-m", "benchmarks.peers.rsl_rl_push_cube", *argv], cwd=REPO, env=env,
+                               stdout=f, stderr=subprocess.STDOUT, timeout=max(w.left(), 1), check=True)  # fmt: skip
+            timings = json.loads((root / "timings.json").read_text())
+            _, walls = scalar_wall_times(root / "tb", "Loss/learning_rate")  # one event per iteration
+            steady = vs_rsl_rl.steady(walls, plan["skip"])
+            steps, success = read_scalars(root / "tb").get("Episode/success_rate", ([], []))
+            _, success_walls = scalar_wall_times(root / "tb", "Episode/success_rate") if steps else ([], [])
+            hit, at = first_at(steps, success, success_walls)
+            it["metrics"] = {
+                "num_envs": flags["num_envs"], "iterations": timings["iterations"],
+                "steady_sps": round(per_iteration / steady["median_s"]),
+                "train_env_steps_to_0_9": None if hit is None else (hit + 1) * per_iteration,  # (rsl_rl: 0-based)
+                "train_s_to_0_9": None if at is None else round(at - timings["times"]["imported"], 1),
+                "final_eval_success": timings["eval"]["success_rate"], "device": timings.get("device"),
+            }  # fmt: skip
+            it["checks"]["ran_on_the_device"] = timings.get("device") == device
+
+        w.item(label, body)
+
+
+# ---- 7. mjlab's Go1 (and YAM arm): ppo_continuous against mjlab's own train script, back to back ------------------
+MJLAB_TASKS = ("Mjlab-Velocity-Flat-Unitree-Go1", "Mjlab-Lift-Cube-Yam")
+MJLAB_SIZES = {"gpu": dict(num_envs=4096, iterations=50, skip=5), "dry": dict(num_envs=8, iterations=2, skip=0)}
+"""envs, iterations (of the task's recipe: 24 env steps each) and the iterations the steady SPS leaves out"""
+
+
+def part_mjlab(w: Worker) -> None:
+    """peers/vs_mjlab.py's two sides on the GPU, seed 1, the task's rsl_rl recipe (ours mapped onto its flags, time-outs
+    bootstrapped from the true final observation): mjlab's `python -m mjlab.scripts.train` (rsl_rl 5.4.2) and
+    ppo_continuous on `mjlab:<task>`, the same envs and iterations, each in its own process: steady env steps/s and
+    the training return at the end (the mean over the last 10% of env steps). Go1 first, then the YAM arm while the
+    budget lasts. The dry run: vs_mjlab's `--tiny` sizes on the CPU."""
+    from benchmarks.peers import vs_mjlab
+
+    size = MJLAB_SIZES["dry" if w.dry else "gpu"]
+    for task in MJLAB_TASKS:
+        for method in ("ppo_continuous", "rsl_rl"):
+
+            def body(it: dict[str, Any], task: str = task, method: str = method) -> None:
+                if importlib.util.find_spec("mjlab") is None:
+                    it["skip"] = f"mjlab is not installed: {vs_mjlab.INSTALL} (its own environment)"
+                    return
+                args = vs_mjlab.Args(tasks=(task,), num_envs=size["num_envs"], iterations=size["iterations"],
+                                     skip=size["skip"], tiny=w.dry, cuda=w.cuda, smoke=False)  # fmt: skip
+                command, env, steps = vs_mjlab.method_command(args, task, method, seed=1)
+                spec = vs_mjlab.RunSpec(task, method, 1, 0, command, env, steps)
+                record = vs_mjlab.run_one(spec, w.out / "runs" / "mjlab" / slug(f"{task}-{method}"), size["skip"])
+                it["command"] = record["command"]
+                if record["returncode"]:
+                    raise RuntimeError(record.get("error") or f"exit {record['returncode']}")
+                m = record["metrics"]
+                it["metrics"] = {"num_envs": vs_mjlab.num_envs_of(args), "env_steps": m["env_steps"],
+                                 "steady_sps": None if m["steady_sps"] is None else round(m["steady_sps"]),
+                                 "final_return": m["final_return"], "process_s": record["process_s"]}  # fmt: skip
+                it["checks"]["all_env_steps"] = m["env_steps"] == steps
+
+            w.item(f"{task}: {vs_mjlab.LABELS[method]}", body)
+
+
 PART_FUNCTIONS: dict[str, Callable[[Worker], None]] = {
     "tests": part_tests, "trainers": part_trainers, "env": part_env, "ppo": part_ppo, "vla": part_vla,
+    "rsl_rl": part_rsl_rl, "mjlab": part_mjlab,
 }  # fmt: skip
 
 
@@ -904,9 +1031,9 @@ def command_of(args: Args) -> str:
 
 
 def main(args: Args) -> dict[str, Any]:
-    unknown = sorted(set(args.timeout) - set(PARTS))
+    unknown = sorted(set(args.timeout) - set(TIMEOUTS))
     if unknown:
-        raise SystemExit(f"error: --timeout: unknown part(s) {unknown} (parts: {', '.join(PARTS)})")
+        raise SystemExit(f"error: --timeout: unknown part(s) {unknown} (parts: {', '.join(TIMEOUTS)})")
     started = datetime.datetime.now()
     device = device_info(args.dry_run)
     if not args.dry_run and not device["cuda_available"]:
@@ -918,7 +1045,7 @@ def main(args: Args) -> dict[str, Any]:
     else:
         out = REPO / "docs" / "results" / f"gpu-{slug(device['name'])}-{started:%Y-%m-%d}"
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    budgets = {p: DRY_TIMEOUT if args.dry_run else float(args.timeout.get(p, TIMEOUTS[p])) for p in PARTS}
+    budgets = {p: DRY_TIMEOUT if args.dry_run else float(args.timeout.get(p, TIMEOUTS[p])) for p in TIMEOUTS}
     spec = {"dry_run": args.dry_run, "out": str(out), "budgets": budgets, "vla_layers": list(args.vla_layers)}
     print(f"[gpu_check] {'DRY RUN on the CPU' if args.dry_run else device['name']}: parts {', '.join(args.parts)} "
           f"-> {out}", flush=True)  # fmt: skip
@@ -929,7 +1056,7 @@ def main(args: Args) -> dict[str, Any]:
         result = run_worker({**spec, "parts": group}, out, f"{i}_{'_'.join(group)}")
         parts.update(result["parts"])
         info = info or result.get("info", {})
-    for name in PARTS:
+    for name in (*PARTS, *OWN_RUN_PARTS):
         if name not in parts:
             parts[name] = {"status": "skipped", "items": [], "wall_s": 0.0, "note": "not in --parts"}
     data = {
@@ -980,6 +1107,35 @@ def _status(item: dict[str, Any]) -> str:
     return text.replace("|", "\\|")  # inside a table cell
 
 
+def _train_to(item: dict[str, Any]) -> str:
+    m = item["metrics"]
+    return f"{_fmt(m.get('train_env_steps_to_0_9'))} / {_fmt(m.get('train_s_to_0_9'))}" if m else ""
+
+
+def side_by_side(parts: dict[str, Any]) -> list[str]:
+    """Ours (the ppo part) against rsl_rl (the rsl_rl part), each side's faster variant: steady SPS, and the seconds
+    until the training episodes succeed 90% of the time (ours eager, the ppo part's time-to-0.9 run)."""
+
+    def ok(part: str) -> dict[str, dict[str, Any]]:
+        return {i["name"]: i["metrics"] for i in parts.get(part, {}).get("items", []) if i["status"] == "ok"}
+
+    ours, theirs = ok("ppo"), ok("rsl_rl")
+    ours_sps = {k: m["steady_sps"] for k, m in ours.items() if m.get("steady_sps")}
+    theirs_sps = {k: m["steady_sps"] for k, m in theirs.items() if m.get("steady_sps")}
+    if not ours_sps or not theirs_sps:
+        return ["Side by side: not both sides measured.", ""]
+    a, b = max(ours_sps, key=ours_sps.get), max(theirs_sps, key=theirs_sps.get)
+    lines = [f"Side by side, each side's faster variant: steady SPS ours ({a}) {ours_sps[a]:,} against rsl_rl ({b}) "
+             f"{theirs_sps[b]:,}: **{ours_sps[a] / theirs_sps[b]:.2f}x**."]  # fmt: skip
+    mine = next((m.get("train_s_to_0_9") for k, m in ours.items() if k.startswith("time to eval")), None)
+    other = {k: m["train_s_to_0_9"] for k, m in theirs.items() if m.get("train_s_to_0_9")}
+    if mine and other:
+        c = min(other, key=other.get)
+        lines[-1] += (f" Seconds until the training episodes succeed 90% of the time: ours (eager) {mine:g} against "
+                      f"rsl_rl ({c}) {other[c]:g}: **{other[c] / mine:.2f}x**.")  # fmt: skip
+    return [*lines, ""]
+
+
 def report(data: dict[str, Any]) -> str:
     dev, info = data["device"], data.get("info", {})
     versions = info.get("versions", {})
@@ -1027,12 +1183,12 @@ def report(data: dict[str, Any]) -> str:
                 lambda i: [_fmt(i["metrics"].get("num_envs")), _status(i), i["metrics"].get("device", ""),
                            _fmt(i["metrics"].get("env_steps_per_s")), _fmt(i["wall_s"])]),
         "ppo": ("4. ppo_continuous on PushCubeRL", ["run", "status", "num_envs", "steady SPS", "end-to-end SPS",
-                "env steps to 0.9", "wall / loop s to 0.9", "wall (s)"],
+                "env steps to 0.9", "wall / loop s to 0.9", "training episodes: env steps / s to 0.9", "wall (s)"],
                 lambda i: [i["name"], _status(i), _fmt(i["metrics"].get("num_envs")),
                            _fmt(i["metrics"].get("steady_sps")), _fmt(i["metrics"].get("end_to_end_sps")),
                            _fmt(i["metrics"].get("env_steps_to_0_9")),
                            f"{_fmt(i['metrics'].get('wall_s_to_0_9'))} / {_fmt(i['metrics'].get('loop_s_to_0_9'))}",
-                           _fmt(i["wall_s"])]),
+                           _train_to(i), _fmt(i["wall_s"])]),
         "vla": ("5. A VLA at PaliGemma-3B's widths (random bf16 weights, LoRA)",
                 ["run", "status", "micro-batch (too large)", "params (trainable)", "peak GPU mem (GiB)",
                  "env-steps/s (iteration 2)", "wall (s)"],
@@ -1041,13 +1197,26 @@ def report(data: dict[str, Any]) -> str:
                            f"{_fmt(i['metrics'].get('params'))} ({_fmt(i['metrics'].get('trainable'))})",
                            _fmt(i["metrics"].get("peak_gpu_mem_gib")),
                            _fmt(i["metrics"].get("iteration_env_steps_per_s")), _fmt(i["wall_s"])]),
+        "rsl_rl": ("6. rsl_rl 5.5.1 on the same setting (its PPO, ours' settings)",
+                   ["run", "status", "num_envs", "steady SPS", "training episodes: env steps / s to 0.9",
+                    "final eval success", "wall (s)"],
+                   lambda i: [i["name"], _status(i), _fmt(i["metrics"].get("num_envs")),
+                              _fmt(i["metrics"].get("steady_sps")), _train_to(i),
+                              _fmt(i["metrics"].get("final_eval_success")), _fmt(i["wall_s"])]),
+        "mjlab": ("7. mjlab's tasks: ppo_continuous against mjlab's train script (rsl_rl 5.4.2), the task's recipe",
+                  ["run", "status", "num_envs", "env steps", "steady env steps/s", "training return (end)",
+                   "process (s)"],
+                  lambda i: [i["name"], _status(i), _fmt(i["metrics"].get("num_envs")),
+                             _fmt(i["metrics"].get("env_steps")), _fmt(i["metrics"].get("steady_sps")),
+                             _fmt(i["metrics"].get("final_return")), _fmt(i["metrics"].get("process_s"))]),
     }  # fmt: skip
     for name, (heading, header, row) in sections.items():
         part = parts.get(name, {})
         if not part.get("items"):
             continue
-        lines += [f"## {heading}", "", md_table(header, [row(i) for i in part["items"]]), "", "Commands:", ""]
-        lines += ["```bash", *(i["command"] for i in part["items"] if i.get("command")), "```", ""]
+        lines += [f"## {heading}", "", md_table(header, [row(i) for i in part["items"]]), ""]
+        lines += side_by_side(parts) if name == "rsl_rl" else []
+        lines += ["Commands:", "", "```bash", *(i["command"] for i in part["items"] if i.get("command")), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

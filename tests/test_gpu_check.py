@@ -33,8 +33,11 @@ def test_the_dry_run_writes_a_report_and_every_part_passes(tmp_path):
     assert saved == json.loads(json.dumps(data, default=str))
     assert "DRY RUN on the CPU" in report.read_text()
     assert saved["dry_run"] and {"name", "driver", "torch", "cuda"} <= set(saved["device"])
-    assert set(saved["parts"]) == set(gpu_check.PARTS)
-    for name, part in saved["parts"].items():
+    assert set(saved["parts"]) == {*gpu_check.PARTS, *gpu_check.OWN_RUN_PARTS}
+    assert saved["parts"]["mjlab"]["status"] == "skipped"  # a run of its own (`--parts mjlab`)
+    info = saved["info"]  # what ran: read inside the worker (an import error there would leave only "error")
+    assert "error" not in info and info["versions"]["torch"] == torch.__version__ and info["git"]["git_sha"], info
+    for name, part in ((n, saved["parts"][n]) for n in gpu_check.PARTS):
         assert isinstance(part["wall_s"], float), name
         assert part["status"] == "ok", (name, part.get("error"), [(i["name"], i.get("error")) for i in part["items"]])
         for item in part["items"]:
@@ -54,6 +57,13 @@ def test_the_dry_run_writes_a_report_and_every_part_passes(tmp_path):
     for item in saved["parts"]["vla"]["items"]:
         assert item["metrics"]["micro_batch_size"] == item["metrics"]["minibatch_size"]
         assert item["checks"] == {"checkpointing_as_asked": True}
+    to_success = ppo["time to eval success 0.9 (eager)"]["metrics"]  # the training episodes' crossing, for rsl_rl's
+    assert {"train_env_steps_to_0_9", "train_s_to_0_9"} <= set(to_success)
+    rsl_rl = {item["name"]: item for item in saved["parts"]["rsl_rl"]["items"]}
+    assert list(rsl_rl) == list(gpu_check.RSL_RL_MODES)
+    assert all("-m benchmarks.peers.rsl_rl_push_cube --device cpu" in i["command"] for i in rsl_rl.values())
+    assert rsl_rl['rsl_rl, torch_compile_mode="default"']["status"] == "skipped"  # no compiling in the dry run
+    assert "## 6. rsl_rl" in report.read_text()
 
 
 @pytest.mark.parametrize("script", TRAINERS)
@@ -188,3 +198,27 @@ def test_a_gpu_report_and_its_section_of_the_benchmarks_page(tmp_path):
     gpu_check.write_section(md, "gpu-check", gpu_check.section(data, out))
     assert "[report](results/gpu-made-up-gpu-2026-01-01/report.md)" in md.read_text()
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_the_rsl_rl_side_by_side_sets_each_sides_faster_variant_against_the_other():
+    """The report's line from made-up parts: ours' fastest steady SPS over rsl_rl's fastest, and the seconds until the
+    training episodes succeed 90% of the time (ours from the ppo part's time-to-0.9 run, rsl_rl's quickest); items
+    that failed or were skipped count for nothing, and with one side missing the line says so."""
+
+    def item(name, status="ok", **metrics):
+        return {"name": name, "status": status, "metrics": metrics}
+
+    parts = {
+        "ppo": {"items": [item("eager", steady_sps=200_000), item("compile + cudagraphs", steady_sps=300_000),
+                          item("compile", "fail", steady_sps=900_000),
+                          item("time to eval success 0.9 (eager)", train_s_to_0_9=10.0)]},
+        "rsl_rl": {"items": [item("rsl_rl, eager", steady_sps=150_000, train_s_to_0_9=20.0),
+                             item("rsl_rl, compiled", steady_sps=120_000, train_s_to_0_9=25.0)]},
+    }  # fmt: skip
+    (line, _) = gpu_check.side_by_side(parts)
+    assert "ours (compile + cudagraphs) 300,000 against rsl_rl (rsl_rl, eager) 150,000: **2.00x**" in line
+    assert "ours (eager) 10 against rsl_rl (rsl_rl, eager) 20: **2.00x**" in line
+    parts["rsl_rl"]["items"] = [item("rsl_rl, eager", "skipped")]
+    assert gpu_check.side_by_side(parts)[0] == "Side by side: not both sides measured."
+    assert gpu_check.first_at([0, 1, 2], [0.5, 0.91, 0.95], [10.0, 11.0, 12.0]) == (1, 11.0)
+    assert gpu_check.first_at([0, 1], [0.5, 0.6], [10.0, 11.0]) == (None, None)

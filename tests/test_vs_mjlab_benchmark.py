@@ -59,6 +59,17 @@ def test_both_sides_get_the_same_envs_steps_and_the_recipe():
     assert "--env.episode-length-s" in tiny[0].command
 
 
+def test_on_the_gpu_both_sides_run_on_cuda_with_no_cpu_pinning():
+    """benchmarks/gpu_check.py's part 7 runs vs_mjlab's commands with `cuda=True`: mjlab's script on GPU 0, ours
+    with --cuda, neither hidden from the GPU nor held to one thread."""
+    args = vs_mjlab.Args(tasks=("Mjlab-Velocity-Flat-Unitree-Go1",), num_envs=4096, iterations=50, cuda=True)
+    (rsl, env, steps), (ours, ours_env, _) = (vs_mjlab.method_command(args, args.tasks[0], m, 1)
+                                              for m in ("rsl_rl", "ppo_continuous"))  # fmt: skip
+    assert rsl[rsl.index("--gpu-ids") + 1] == "0" and env == {"WANDB_MODE": "disabled"} and ours_env == {}
+    a = parsed(vs_mjlab.RunSpec(args.tasks[0], "ppo_continuous", 1, 0, ours, ours_env, steps))
+    assert a.cuda and a.num_envs == 4096 and a.total_timesteps == steps == 50 * 24 * 4096
+
+
 def made_up(task: str, method: str, seed: int, final: float) -> dict:
     curve = {"step": [2048 * i for i in range(1, 11)], "value": [final * i / 10 for i in range(1, 11)],
              "time_s": [10.0 * i for i in range(1, 11)]}  # fmt: skip
@@ -105,3 +116,36 @@ def test_a_tiny_real_invocation_runs_every_kind_of_run(tmp_path, monkeypatch):
     assert "Metrics/lift_height/episode_success" in lift["metrics"]["eval"]
     assert json.loads((tmp_path / "runs.json").read_text())["runs"] == data["runs"]
     assert (tmp_path / "report.md").is_file() and (tmp_path / "provenance.json").is_file()
+
+
+@needs("mjlab")
+def test_the_gpu_checks_mjlab_part_runs_both_sides_in_its_dry_run(tmp_path, monkeypatch):
+    """benchmarks/gpu_check.py --parts mjlab --dry-run: Go1 and the YAM arm, ours and mjlab's script, vs_mjlab's tiny
+    sizes on the CPU, every item run to its planned env steps."""
+    from benchmarks import gpu_check
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    data = gpu_check.main(gpu_check.Args(dry_run=True, parts=("mjlab",), out=str(tmp_path)))
+    part = data["parts"]["mjlab"]
+    assert part["status"] == "ok", [(i["name"], i.get("error")) for i in part["items"]]
+    names = [i["name"] for i in part["items"]]
+    assert names == [f"{t}: {vs_mjlab.LABELS[m]}" for t in gpu_check.MJLAB_TASKS for m in ("ppo_continuous", "rsl_rl")]
+    for item in part["items"]:
+        assert item["checks"] == {"all_env_steps": True} and item["metrics"]["steady_sps"] > 0, item
+    assert "## 7. mjlab's tasks" in (tmp_path / "report.md").read_text()
+
+
+def test_keep_finished_keeps_the_finished_runs_of_the_same_settings_only(tmp_path):
+    """`--keep-finished` (more seeds after a run of fewer): the runs that finished are kept, with the commit they ran
+    at; a failed run is run again; runs.json of other settings (envs, iterations) is one line, not a mixed report."""
+    ok = made_up("Mjlab-Cartpole-Balance", "rsl_rl", 1, 40.0)
+    failed = {**made_up("Mjlab-Cartpole-Balance", "ppo_continuous", 1, 0.0), "returncode": 1}
+    saved = {"args": {"num_envs": 64, "iterations": None, "skip": 3, "tiny": False}, "git": {"git_sha": "a1c8305"},
+             "runs": [ok, failed]}  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps(saved))
+    kept = vs_mjlab.finished_runs(tmp_path, vs_mjlab.Args(seeds=3))
+    assert list(kept) == [("Mjlab-Cartpole-Balance", "rsl_rl", 1)]
+    assert kept[("Mjlab-Cartpole-Balance", "rsl_rl", 1)]["git"] == {"git_sha": "a1c8305"}
+    with pytest.raises(SystemExit, match="ran with other num_envs; use another --out"):
+        vs_mjlab.finished_runs(tmp_path, vs_mjlab.Args(num_envs=128))
+    assert vs_mjlab.finished_runs(tmp_path / "none", vs_mjlab.Args()) == {}

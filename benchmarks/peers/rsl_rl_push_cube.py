@@ -10,8 +10,11 @@ group, "policy" (the 31 floats PushCubeRL observes), which the runner's "actor" 
 returns (observations, rewards, dones, extras) with dones = terminated | truncated and extras["time_outs"] = the
 episodes that hit the 50-step limit without succeeding, which rsl_rl bootstraps its way (it adds gamma * V(s_t), the
 value of the observation the last action was taken in, to the reward); extras["log"] holds the success of the
-episodes that just ended (rsl_rl logs it as `Episode/success_rate`). `episode_length_buf` counts each env's steps in
-its episode; rsl_rl only writes it (`init_at_random_ep_len`, which this run does not use, as ours has no such option).
+episodes that just ended (rsl_rl logs it as `Episode/success_rate`): on CUDA (`--device cuda`, for
+benchmarks/gpu_check.py) that selection is a host sync per step, beside the several of rsl_rl's own logger in every
+step (the indices of the finished episodes, their sums copied to the host). `episode_length_buf` counts each env's
+steps in its episode; rsl_rl only writes it (`init_at_random_ep_len`, which this run does not use, as ours has no
+such option).
 
 The settings (`train_cfg`): 256 envs x 20 steps, 4 epochs x 8 minibatches, Adam at 1e-3 annealed linearly to 0 over
 the run, gamma 0.8, lambda 0.9, clip 0.2, no entropy bonus, gradient norm 0.5, no value clipping, advantages
@@ -159,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-envs", type=int, default=256)
     parser.add_argument("--num-steps", type=int, default=20)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--device", default="cpu", help="where the envs and the runner live (cpu, cuda)")
     parser.add_argument("--compile", choices=("none", "default"), default="none", help="rsl_rl's torch_compile_mode")
     parser.add_argument("--num-eval-envs", type=int, default=64)
     parser.add_argument("--num-eval-episodes", type=int, default=64)
@@ -173,10 +177,11 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
 
     times = {"started": STARTED, "imported": IMPORTED}
-    env = PushCubeVecEnv(args.num_envs, "cpu", stream_seed(args.seed, "train_envs"))
-    eval_env = make_env(ENV_ID, num_envs=args.num_eval_envs, device="cpu", seed=stream_seed(args.seed, "eval_envs"))
+    device = args.device
+    env = PushCubeVecEnv(args.num_envs, device, stream_seed(args.seed, "train_envs"))
+    eval_env = make_env(ENV_ID, num_envs=args.num_eval_envs, device=device, seed=stream_seed(args.seed, "eval_envs"))
     times["env_built"] = time.time()
-    runner = OnPolicyRunner(env, train_cfg(args), log_dir=args.log_dir, device="cpu")
+    runner = OnPolicyRunner(env, train_cfg(args), log_dir=args.log_dir, device=device)
     orthogonal_init(runner)
     anneal_learning_rate(runner, iterations, args.learning_rate)
     times["runner_built"] = time.time()
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     times["learned"] = time.time()
 
     global_step = iterations * args.num_envs * args.num_steps
-    policy = runner.get_inference_policy(device="cpu")  # deterministic: the Gaussian's mean
+    policy = runner.get_inference_policy(device=device)  # deterministic: the Gaussian's mean
 
     def act(obs, generator, starts):
         return policy(TensorDict({OBS_GROUP: obs}, batch_size=obs.shape[:1]))
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     env.close()
     eval_env.close()
     record = {"times": times, "iterations": iterations, "global_step": global_step, "eval": result,
-              "compile": args.compile, "torch_threads": torch.get_num_threads()}  # fmt: skip
+              "compile": args.compile, "device": device, "torch_threads": torch.get_num_threads()}  # fmt: skip
     if args.timings:
         Path(args.timings).write_text(json.dumps(record, indent=1) + "\n")
     return record

@@ -128,12 +128,17 @@ class Args:
     """iterations of each smoke run"""
     out: str = str(RESULTS_DIR / "vs-mjlab-cpu")
     """output folder: report.md, runs.json, provenance.json, plots, runs/"""
+    cuda: bool = False
+    """both sides on the GPU (mjlab's `--gpu-ids 0`, ours `--cuda`; for benchmarks/gpu_check.py), not the CPU"""
     tiny: bool = False
     """a few iterations of 8 envs with short episodes for every run (--skip 0): tests the harness, measures nothing"""
     dry_run: bool = False
     """print the commands in the order they would run, and run nothing"""
     report_only: bool = False
     """run nothing: the report again from --out/runs.json"""
+    keep_finished: bool = False
+    """keep the runs --out/runs.json finished with these settings (same task, method and seed) and run only the
+    others: more seeds (`--seeds 3` after a run of `--seeds 1`), or the rest of a stopped run"""
     results_md: str = ""
     """a markdown file (e.g. docs/benchmarks.md) whose section named after --out's folder is replaced ('': none)"""
 
@@ -180,6 +185,11 @@ def num_envs_of(args: Args) -> int:
     return 8 if args.tiny else args.num_envs
 
 
+def device_env(args: Args) -> dict[str, str]:
+    """The variables of every run: on the CPU one thread and no GPU; on the GPU none."""
+    return {} if args.cuda else dict(CPU_ENV)
+
+
 TINY_EPISODE_S = 1.0  # --tiny: Cartpole episodes of 20 steps, so that they end within the run
 
 
@@ -189,11 +199,12 @@ def method_command(args: Args, task: str, method: str, seed: int) -> tuple[list[
     env_steps = iterations * steps * envs
     if method == "rsl_rl":
         command = [sys.executable, "-m", "mjlab.scripts.train", task, "--env.scene.num-envs", str(envs),
-                   "--gpu-ids", "None", "--agent.logger", "tensorboard", "--agent.seed", str(seed),
-                   "--agent.max-iterations", str(iterations), "--agent.run-name", f"seed{seed}"]  # fmt: skip
+                   "--gpu-ids", "0" if args.cuda else "None", "--agent.logger", "tensorboard",
+                   "--agent.seed", str(seed), "--agent.max-iterations", str(iterations),
+                   "--agent.run-name", f"seed{seed}"]  # fmt: skip
         if args.tiny:
             command += ["--agent.num-steps-per-env", str(steps), "--env.episode-length-s", f"{TINY_EPISODE_S:g}"]
-        return command, {**CPU_ENV, "WANDB_MODE": "disabled"}, env_steps
+        return command, {**device_env(args), "WANDB_MODE": "disabled"}, env_steps
     env_kwargs = {"init_at_random_ep_len": True}
     if method == "timeouts_terminal":
         env_kwargs["is_finite_horizon"] = True
@@ -203,9 +214,9 @@ def method_command(args: Args, task: str, method: str, seed: int) -> tuple[list[
     if args.tiny:
         flags[flags.index("--num-steps") + 1] = str(steps)
     flags += ["--env-kwargs", json.dumps(env_kwargs), "--total-timesteps", str(env_steps), "--seed", str(seed),
-              "--no-cuda", "--eval-freq", "0", "--num-eval-envs", "4" if args.tiny else "16",
+              "--cuda" if args.cuda else "--no-cuda", "--eval-freq", "0", "--num-eval-envs", "4" if args.tiny else "16",
               "--num-eval-episodes", "4" if args.tiny else "16"]  # fmt: skip
-    return [sys.executable, str(SCRIPTS_DIR / "ppo_continuous.py"), *flags], dict(CPU_ENV), env_steps
+    return [sys.executable, str(SCRIPTS_DIR / "ppo_continuous.py"), *flags], device_env(args), env_steps
 
 
 def smoke_command(args: Args, task: str) -> tuple[list[str], dict[str, str], int]:
@@ -534,6 +545,24 @@ def report(data: dict, out: Path, image_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+SAME_SETTINGS = ("num_envs", "iterations", "skip", "tiny", "cuda")
+"""what a kept run must share with the runs planned now (`--keep-finished`)"""
+
+
+def finished_runs(out: Path, args: Args) -> dict[tuple[str, str, int], dict]:
+    """--out/runs.json's finished runs by (task, method, seed), each with the commit it ran at (for provenance);
+    one line if they ran with other settings."""
+    if not (out / "runs.json").is_file():
+        return {}
+    saved = json.loads((out / "runs.json").read_text())
+    theirs, ours = saved.get("args", {}), dataclasses.asdict(args)
+    differs = [k for k in SAME_SETTINGS if theirs.get(k, ours[k]) != ours[k]]
+    if differs:
+        fail(f"--keep-finished: {out / 'runs.json'} ran with other {', '.join(differs)}; use another --out")
+    return {(r["task"], r["method"], r["seed"]): {"git": saved.get("git"), **r}
+            for r in saved.get("runs", []) if not r.get("returncode")}  # fmt: skip
+
+
 def write_outputs(data: dict, out: Path, results_md: str) -> None:
     save_runs(data, out)
     title = "# ppo_continuous against mjlab's rsl_rl (CPU)"
@@ -562,16 +591,23 @@ def main(args: Args) -> dict | list[RunSpec]:
         versions[name] = importlib.metadata.version(name)
     data = {"args": dataclasses.asdict(args), "command": command, "machine": machine_info(), "versions": versions,
             "git": git_info(), "runs": []}  # fmt: skip
+    kept = finished_runs(out, args) if args.keep_finished else {}
     start = time.time()
     for i, spec in enumerate(specs, 1):
+        key = (spec.task, spec.method, spec.seed)
+        if key in kept:
+            data["runs"].append(kept[key])
+            print(f"[{i}/{len(specs)}] kept: {progress(kept[key])}", flush=True)
+            continue
         name = f"{spec.task}__{spec.method}__{spec.seed}"
-        record = run_one(spec, out / "runs" / name, args.skip)
+        record = {**run_one(spec, out / "runs" / name, args.skip), "git": data["git"]}
         data["runs"].append(record)
         print(f"[{i}/{len(specs)}] {progress(record)}", flush=True)
         save_runs(data, out)
     finished(data, start)
     write_outputs(data, out, args.results_md)
-    run_git = [((r.get("metrics") or {}).get("summary") or {}).get("versions") or data["git"] for r in data["runs"]]
+    run_git = [((r.get("metrics") or {}).get("summary") or {}).get("versions") or r.get("git") or data["git"]
+               for r in data["runs"]]  # fmt: skip
     provenance.record(out, command, [r["command"] for r in data["runs"]], data["machine"], data["git"], run_git)
     return data
 
