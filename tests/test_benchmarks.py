@@ -452,6 +452,7 @@ def test_async_benchmark_end_to_end(tmp_path):
     assert [(r["mode"], r["latency_ms"]) for r in data["runs"]] == [("sync", 2.0), ("async", 2.0)]
     assert all(r["global_step"] == 2048 and r["wall_time_s"] > 4 * 8 * 0.002 for r in data["runs"])
     assert data["runs"][1]["dropped_rollouts"] == 0
+    assert all("--compile off" in r["command"] for r in data["runs"])  # no first-run compile in the overlap timings
     assert (out / "async.png").read_bytes()[:4] == b"\x89PNG"
     table_row = next(line for line in (out / "async.md").read_text().splitlines() if line.startswith("| 2 |"))
     assert "x ±" in table_row

@@ -13,8 +13,10 @@ L}'`):
 - async: `cleanrl_embodied/ppo_vla_async.py --max-staleness 1`: the collector steps rollout j+1 while the learner
   updates on rollout j.
 
-Both run the same hyperparameters (the scripts' defaults, `--eval-freq 0 --save-freq 0`, `--extra` added to both)
-for `--total-timesteps`, then evaluate the final policy. Wall time is the trainer's own loop time from
+Both run the same hyperparameters (the scripts' defaults, `--eval-freq 0 --save-freq 0 --compile off`, `--extra`
+added to both) for `--total-timesteps`, then evaluate the final policy. Both eager: under `--compile auto` a run whose
+configuration this machine has not measured compiles to measure it (the sync side once at 100 ms in the first run of
+2026-12-02: 46 s of compiling in one run of 24), which is no part of what overlapping collection and update saves. Wall time is the trainer's own loop time from
 summary.json (start-up excluded, the final evaluation included, which has no added latency). The speed-up is the
 ratio sync/async of each seed's pair, which ran back to back.
 
@@ -93,6 +95,8 @@ def run_one(mode: str, latency: float, seed: int, args: Args, root: Path) -> dic
         "0",
         "--save-freq",
         "0",
+        "--compile",
+        "off",
         "--policy",
         "benchmarks.speed.slow_policy:make_agent",
         "--policy-kwargs",
