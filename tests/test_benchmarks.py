@@ -453,6 +453,8 @@ def test_async_benchmark_end_to_end(tmp_path):
     assert all(r["global_step"] == 2048 and r["wall_time_s"] > 4 * 8 * 0.002 for r in data["runs"])
     assert data["runs"][1]["dropped_rollouts"] == 0
     assert all("--compile off" in r["command"] for r in data["runs"])  # no first-run compile in the overlap timings
+    record = json.loads((out / "provenance.json").read_text())  # what staleness is judged by
+    assert record["runs"] == [r["command"] for r in data["runs"]] and record["commit"] == data["git"]["git_sha"]
     assert (out / "async.png").read_bytes()[:4] == b"\x89PNG"
     table_row = next(line for line in (out / "async.md").read_text().splitlines() if line.startswith("| 2 |"))
     assert "x ±" in table_row

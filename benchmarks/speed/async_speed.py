@@ -57,7 +57,7 @@ from benchmarks.common import (
     shell_command,
     write_section,
 )
-from benchmarks.suite import rlstats
+from benchmarks.suite import provenance, rlstats
 
 MODES = {"sync": ("ppo_vla", []), "async": ("ppo_vla_async", ["--max-staleness", "1"])}
 
@@ -274,6 +274,7 @@ def main(args: Args) -> None:
         md = Path(args.results_md)
         prefix = os.path.relpath(out, md.resolve().parent).replace(os.sep, "/") + "/"
         write_section(md, f"async-{device}", report(data, prefix + "async.png"))
+    provenance.record(out, data["invocation"], [r["command"] for r in data["runs"]], data["machine"], data["git"])
     print(f"wrote {out / 'async.md'}")
 
 
