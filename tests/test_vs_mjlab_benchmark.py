@@ -135,6 +135,11 @@ def test_the_gpu_checks_mjlab_part_runs_both_sides_in_its_dry_run(tmp_path, monk
     assert "## 7. mjlab's tasks" in (tmp_path / "report.md").read_text()
 
 
+def test_a_mean_of_one_seed_shows_no_spread():
+    assert vs_mjlab.mean_std([49.58], 2) == "49.58" and vs_mjlab.mean_std([1.0, 3.0, None], 1) == "2.0 ± 1.4"
+    assert vs_mjlab.mean_std([None], 2) == "-"
+
+
 def test_keep_finished_keeps_the_finished_runs_of_the_same_settings_only(tmp_path):
     """`--keep-finished` (more seeds after a run of fewer): the runs that finished are kept, with the commit they ran
     at; a failed run is run again; runs.json of other settings (envs, iterations) is one line, not a mixed report."""

@@ -393,8 +393,9 @@ def mean_std(values: list[float], digits: int) -> str:
     if not values:
         return "-"
     m = statistics.fmean(values)
-    s = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{m:,.{digits}f} ± {s:,.{digits}f}"
+    if len(values) == 1:  # one seed has no spread to show
+        return f"{m:,.{digits}f}"
+    return f"{m:,.{digits}f} ± {statistics.stdev(values):,.{digits}f}"
 
 
 def per_seed(runs: list[dict], value, digits: int) -> str:
