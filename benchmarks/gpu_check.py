@@ -1071,6 +1071,11 @@ def main(args: Args) -> dict[str, Any]:
     }
     (out / "gpu_check.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / "report.md").write_text(report(data))
+    if not args.dry_run:  # the commit the worker ran (what staleness is judged by)
+        from benchmarks.suite import provenance
+
+        git = info.get("git") if info.get("git", {}).get("git_sha") else None
+        provenance.record(out, data["command"], None, (info.get("machine") or None), git)
     if not args.dry_run and args.results_md:
         write_section(Path(args.results_md), "gpu-check", section(data, out))
     for name in args.parts:

@@ -438,6 +438,8 @@ def test_speed_gym_part_measures_contract_rollout_and_iteration(tmp_path):
     assert "| HalfCheetah-v5 | 2 | 8 | sync |" in text and "training SPS vs sync" in text
     assert ("| HalfCheetah-v5 | 2 | 8 | envpool |" in text) == has_envpool
     assert "| Pendulum-v1 | 3 |" in text and "![speed]" not in text  # tables only, no plot
+    record = json.loads((tmp_path / "gym" / "provenance.json").read_text())
+    assert record["command"] == data["invocation"] and record["commit"] == data["git"]["git_sha"]
     assert vars(ppo) == before["module"]  # nothing of the trainer was replaced
     assert (builders.make_env, run_logger.RunLogger.log) == (before["make_env"], before["log"])
 

@@ -433,3 +433,20 @@ def test_the_figures_index_is_current_and_maps_each_quoted_figure_to_its_report(
     assert "`README.md`: / Pusher-v5, the same" in full and "/ what / result /" not in full
     reports = {r.name for r in REPORTS if (r / provenance.FILE).is_file()}
     assert set(re.findall(r"^## (\S+)$", text, flags=re.M)) == reports
+
+
+def test_every_driver_that_writes_a_report_records_its_provenance():
+    """A driver whose report reaches docs/ (a section of a docs page, or a markdown report) writes provenance.json
+    too: without it a report measured again would still read as the stale one (async_speed wrote none until
+    2026-12-02). Found by reading each module under benchmarks/: the writes of a report, and the call of
+    provenance.record."""
+    writes = re.compile(r"write_section\(|write_report\(|\.md\"\)\.write_text|/ \"report\.md\"\)\.write_text")
+    missing = []
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in ("benchmarks/common.py", "benchmarks/suite/provenance.py", "benchmarks/suite/quotes.py"):
+            continue  # the plumbing that others call, and the index of every figure
+        text = path.read_text()
+        if writes.search(text) and "provenance.record(" not in text:
+            missing.append(rel)
+    assert missing == []

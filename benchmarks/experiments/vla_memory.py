@@ -39,7 +39,8 @@ from pathlib import Path
 
 import tyro
 
-from benchmarks.common import REPO
+from benchmarks.common import REPO, git_info, invocation, machine_info
+from benchmarks.suite import provenance
 
 ENV = {"obs_mode": "state+rgb", "image_size": 64, "action_mode": "ee_delta_pos"}
 
@@ -156,6 +157,7 @@ def child(what: str, *argv: str) -> dict:
 def main(args: Args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    git, machine = git_info(), machine_info()  # the code that measures, as it starts
     rows, pairs = [], []
     for layers in args.layers:
         with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +173,8 @@ def main(args: Args) -> dict:
                 measured = child("copies", path, how, str(args.batch))
                 pairs.append({"layers": layers, "collector": how, "params": built["params"], **measured})
                 print(f"[vla_memory] {pairs[-1]}", flush=True)
-    data = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": dataclasses.asdict(args), "rows": rows,
+    data = {"when": time.strftime("%Y-%m-%d %H:%M"), "invocation": invocation(__file__, sys.argv[1:]),
+            "git": git, "args": dataclasses.asdict(args), "rows": rows,
             "async_copies": pairs, "machine": os.uname().machine, "cpus": os.cpu_count()}  # fmt: skip
     (out / "vla_memory.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = [
@@ -207,6 +210,7 @@ def main(args: Args) -> dict:
                      f"{r['after_both_gib']:.2f} GiB | {r['after_forwards_gib']:.2f} GiB | {r['shared_gib']:.2f} GiB | "
                      f"{r['collector_own_gib']:.3f} GiB | {r['same_actions']} |")  # fmt: skip
     (out / "report.md").write_text("\n".join(lines) + "\n")
+    provenance.record(out, data["invocation"], None, machine, git)
     print("\n".join(lines))
     return data
 

@@ -45,6 +45,7 @@ from benchmarks.common import (
     RESULTS_MD,
     describe_machine,
     git_info,
+    invocation,
     machine_info,
     md_table,
     read_scalars,
@@ -61,6 +62,7 @@ from benchmarks.experiments.vla_runs import (
     run,
     signed,
 )
+from benchmarks.suite import provenance
 
 START_BAND = (0.2, 0.6)  # the partial starts the question is about
 
@@ -405,6 +407,10 @@ def main(args: Args) -> None:
     (out / "report.md").write_text(f"# {title} ({time.strftime('%Y-%m-%d')})\n\n{body}\n")
     if out.resolve().parent == RESULTS_DIR.resolve():
         write_section(RESULTS_MD, out.name, f"## {title}, CPU\n\n{body}\n\n![VLA RL](results/{out.name}/vla_rl.png)")
+    names = [n for s in args.seeds for n in (f"bc_s{s}", *(f"{r}_s{s}" for r in args.rows))]  # as data["commands"]
+    run_git = [(recorded(runs_dir(args), n) or {}).get("git") for n in names]  # each run's commit, as it recorded
+    runs = [c for commands in data["commands"].values() for c in commands]
+    provenance.record(out, invocation(__file__, sys.argv[1:]), runs, machine_info(), git_info(), run_git)
     print(body)
 
 

@@ -16,9 +16,9 @@ L}'`):
 Both run the same hyperparameters (the scripts' defaults, `--eval-freq 0 --save-freq 0 --compile off`, `--extra`
 added to both) for `--total-timesteps`, then evaluate the final policy. Both eager: under `--compile auto` a run whose
 configuration this machine has not measured compiles to measure it (the sync side once at 100 ms in the first run of
-2026-12-02: 46 s of compiling in one run of 24), which is no part of what overlapping collection and update saves. Wall time is the trainer's own loop time from
-summary.json (start-up excluded, the final evaluation included, which has no added latency). The speed-up is the
-ratio sync/async of each seed's pair, which ran back to back.
+2026-12-02: 46 s of compiling in one run of 24), which is no part of what overlapping collection and update saves.
+Wall time is the trainer's own loop time from summary.json (start-up excluded, the final evaluation included, which
+has no added latency). The speed-up is the ratio sync/async of each seed's pair, which ran back to back.
 
 What to expect: with collection time C and update time U per iteration, one collector overlapping one learner can
 at best turn C + U into max(C, U), a speed-up of at most 2 (reached when C = U). With latency L ms per step and

@@ -45,6 +45,7 @@ from benchmarks.common import (
     md_table,
     package_versions,
 )
+from benchmarks.suite import provenance  # noqa: E402
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv  # noqa: E402
 
 
@@ -248,6 +249,7 @@ def main(args: Args) -> None:
         save_examples(args, 64, out / "examples_64.png", upscale=4)
         save_examples(args, 128, out / "examples_128.png", upscale=2)
     (out / "speed.md").write_text(f"# PushCubeRL image observations: env speed\n\n{report(data)}\n")
+    provenance.record(out, data["invocation"], None, data["machine"], data["git"])
     print(f"wrote {out / 'speed.md'}")
 
 

@@ -79,6 +79,7 @@ from benchmarks.common import (
     sync,
     write_section,
 )
+from benchmarks.suite import provenance
 
 GYM_SETTINGS = (("HalfCheetah-v5", 1, 2048), ("HalfCheetah-v5", 8, 256), ("Pendulum-v1", 16, 256))
 """(env id, num_envs, steps per env) of the gym part: CleanRL's HalfCheetah setting, 8 envs, a tiny physics"""
@@ -924,6 +925,7 @@ def write_outputs(data: dict, out: Path, kind: str, results_md: str) -> None:
         md = Path(results_md)
         image = os.path.relpath(out / "speed.png", md.resolve().parent).replace(os.sep, "/") if has_plot else ""
         write_section(md, f"speed-{kind}", report(data, image))
+    provenance.record(out, data["invocation"], None, data["machine"], data["git"])  # the commit it measured
     print(tables(data))
     print(f"wrote {out / 'speed.md'}")
 

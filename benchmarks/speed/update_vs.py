@@ -35,11 +35,13 @@ from benchmarks.common import (
     RESULTS_MD,
     describe_machine,
     git_info,
+    invocation,
     machine_info,
     md_table,
     read_flags,
     write_section,
 )
+from benchmarks.suite import provenance
 
 PHASES = ("total", "env", "policy", "update", "rest")
 
@@ -213,6 +215,7 @@ def main(args: Args) -> dict:
         ["git", "-C", str(other), "log", "-1", "--format=%h %s"], capture_output=True, text=True
     ).stdout.strip()
     data = {
+        "invocation": invocation(__file__, sys.argv[1:]),
         "args": vars(args),
         "settings": settings,
         "other_git": f"commit {other_sha.split()[0]}" if other_sha else str(other),
@@ -226,6 +229,7 @@ def main(args: Args) -> dict:
     print(text)
     if args.results_md:
         write_section(Path(args.results_md), "update-vs-cpu", text)
+    provenance.record(out, data["invocation"], None, data["machine"], data["git"])
     return data
 
 
