@@ -32,7 +32,7 @@ that runs past its budget is killed and keeps the items it finished:
 7. mjlab (only with `--parts mjlab`, a run of its own): `Mjlab-Velocity-Flat-Unitree-Go1` at 4096 envs for 50
    iterations of its recipe, ppo_continuous and then mjlab's own train script (rsl_rl), as peers/vs_mjlab.py pairs
    them on the CPU: steady env steps/s and the training return reached; then `Mjlab-Lift-Cube-Yam` while the budget
-   lasts. Not in the default run: mjlab's packages that a GPU image lacks are about 200 MiB of wheels (warp-lang's
+   lasts. Not in the default run: mjlab's packages that a GPU image lacks are about 300 MiB of wheels (warp-lang's
    alone 142 MiB), more than one command's transfer to an offline machine holds, and Warp compiles its kernels on
    the first step; `benchmarks/gpu_wheels.py` downloads them at uv.lock's versions in pieces that fit.
 

@@ -474,23 +474,14 @@ def main(args: Args) -> dict:
 
     def save_checkpoint(name: str) -> str:  # everything a resume needs, as plain tensors and numbers
         state = {
-            "script": trainer["script"],
-            "trainer": trainer,
-            "args": dataclasses.asdict(args),
-            "model": shared.model_state(actor),  # trainable parameters and buffers
-            "frozen": frozen,
-            "optimizer": optimizer.state_dict(),
-            "iteration": iteration,
-            "global_step": global_step,
-            "num_iterations": num_iterations,
-            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
-            "best_key": list(evaluator.best_key),
-            "obs_dim": obs_dim,
-            "act_dim": act_dim,
+            "script": trainer["script"], "trainer": trainer, "args": dataclasses.asdict(args),
+            "model": shared.model_state(actor), "frozen": frozen,  # what trains; the fingerprint of the rest
+            "optimizer": optimizer.state_dict(), "iteration": iteration, "global_step": global_step,
+            "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
             "env": shared.env_record(env, eval_envs),  # id, options, observation layout: a resume must match them
-            "rng": shared.rng_state(),
-            "env_state": shared.env_state_dict(envs),
-        }
+            "obs_dim": obs_dim, "act_dim": act_dim, "rng": shared.rng_state(), "env_state": shared.env_state_dict(envs),
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
+        }  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     decision_shape = (args.num_envs, args.action_chunk, *envs.single_action_space.shape)  # [N, K, D]

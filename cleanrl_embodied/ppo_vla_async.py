@@ -154,9 +154,8 @@ def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
-    needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
-    )
+    needs = ("forward", "dist", "get_value", "env_action")
+    needs += ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
                                action_space(envs, args), args, needs)  # fmt: skip
 
@@ -458,8 +457,7 @@ class Collector:
             args.num_steps, args.num_envs, device, obs=obs_space, final_obs=obs_space, action=(action, torch.float32),
             logprob=((math.prod(action),) if args.loss_agg == "token" else (), torch.float32),  # (per token: per entry)
             reward=((), torch.float32), discount=((), torch.float32), terminated=((), torch.bool),
-            done=((), torch.bool), version=((), torch.long),
-        )  # fmt: skip
+            done=((), torch.bool), version=((), torch.long))  # fmt: skip
         stats, watch = shared.RolloutStats(device, self.task_names), shared.NonFiniteWatch(args.num_envs, device)
         start = time.time()
         for step in range(args.num_steps):
@@ -490,9 +488,8 @@ def main(args: Args) -> dict:
     trainer = shared.describe_trainer(__file__)  # this file: its name, path, hash, git state and network code
     env = shared.EnvOptions(args.env_id, args.env_kwargs, args.eval_env_kwargs, args.env_vectorization)
     same = {k: getattr(args, k) for k in ("policy", "policy_kwargs", *ACTION_ARGS)}  # the policy and its outputs
-    resume_same = {
-        k: getattr(args, k) for k in ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr", "loss_agg")
-    }  # (pending rollouts hold its log-probs)
+    kept = ("num_envs", "num_steps", "gamma", "learning_rate", "anneal_lr", "loss_agg")  # pending rollouts' log-probs
+    resume_same = {k: getattr(args, k) for k in kept}
     ckpt, ckpt_flag, path = shared.load_resume_or_eval(args.resume, args.eval_checkpoint, trainer, env, same,
                                               resume_same)  # fmt: skip
     ckpt = shared.without_privileged_critic(ckpt, ckpt_flag, path)  # ppo_vla.py's: evaluate its actor alone
@@ -541,10 +538,8 @@ def main(args: Args) -> dict:
         shared.set_rng_state(ckpt["rng"])
         collector.load_state(ckpt["collector"])  # it stopped at a rollout boundary: continue from exactly there
     collector.publish(consumed, version, agent)
-    sizes = f"envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} iterations={num_iterations}"
-    logger.write(
-        f"device={device} {sizes} start={consumed + 1} max_staleness={args.max_staleness} run={logger.run_dir}"
-    )
+    sizes = f"envs={args.num_envs} batch={batch_size} minibatch={minibatch_size} max_staleness={args.max_staleness}"
+    logger.write(f"device={device} {sizes} iterations={num_iterations} start={consumed + 1} run={logger.run_dir}")
 
     def save_checkpoint(name: str) -> str:  # only while the collector is paused: both sides at one point
         state = {
@@ -596,9 +591,8 @@ def main(args: Args) -> dict:
 
     eval_result, timeline = None, []
     guard = shared.SkipGuard(args.max_consecutive_skips)  # non-finite optimizer steps are skipped and counted
-    keeper = shared.RunKeeper(
-        evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations, consumed, global_step
-    )  # evaluations and checkpoints when due (on the learner's iterations), the end of the run
+    keeper = shared.RunKeeper(evaluator, act, save_checkpoint, args.eval_freq, args.save_freq, num_iterations,
+                              consumed, global_step)  # fmt: skip
     collector.thread.start()
     try:
         # Ctrl-C / SIGTERM: finish the iteration, save, write summary.json; an error also writes it (what is known)
@@ -634,9 +628,8 @@ def main(args: Args) -> dict:
                 logger.log_iteration(global_step, keeper.sps(global_step), scalars)
 
                 compiled.after_iteration(num_iterations - consumed)  # --compile auto (CPU): decided after the 2nd
-                # evaluation and checkpoints see a paused collector
                 do_eval, do_save = keeper.due(consumed)
-                if do_eval or do_save:
+                if do_eval or do_save:  # evaluation and checkpoints see a paused collector
                     collector.pause()
                     keeper.evaluate_and_save(consumed, global_step, do_eval, do_save)
                     collector.resume()

@@ -169,9 +169,8 @@ def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
-    needs = ("forward", "dist", "get_value", "env_action") + (
-        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
-    )
+    needs = ("forward", "dist", "get_value", "env_action")
+    needs += ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
                                action_space(envs, args), args, needs)  # fmt: skip
 
@@ -465,24 +464,15 @@ def train(
 
     def save_checkpoint(name: str, pieces: list[dict]) -> str:  # rank 0 only; rank 0's env/RNG state at the top
         state = {
-            "script": trainer["script"],
-            "trainer": trainer,
-            "args": dataclasses.asdict(args),
-            "model": pieces[0]["model"],  # trainable parameters and buffers, whole (gathered with --fsdp)
-            "frozen": frozen,
-            "optimizer": pieces[0]["optimizer"],
-            "iteration": iteration,
-            "global_step": global_step,
-            "num_iterations": num_iterations,
-            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
-            "best_key": list(evaluator.best_key),
-            "obs_dim": obs_dim,
-            "act_dim": act_dim,
+            "script": trainer["script"], "trainer": trainer, "args": dataclasses.asdict(args),
+            "model": pieces[0]["model"], "frozen": frozen,  # what trains (whole with --fsdp); the rest's fingerprint
+            "optimizer": pieces[0]["optimizer"], "iteration": iteration, "global_step": global_step,
+            "num_iterations": num_iterations, "best_key": list(evaluator.best_key),
             "env": shared.env_record(env_options, envs),  # id, options, observation layout: a resume must match them
-            "world_size": world_size,
-            **{k: v for k, v in pieces[0].items() if k not in ("model", "optimizer")},
-            "other_ranks": pieces[1:],
-        }
+            "obs_dim": obs_dim, "act_dim": act_dim, "world_size": world_size,
+            "compiled": compiled.on,  # --compile auto's choice (None: not made yet), which a resume keeps
+            **{k: v for k, v in pieces[0].items() if k not in ("model", "optimizer")}, "other_ranks": pieces[1:],
+        }  # fmt: skip
         return str(shared.atomic_save(state, logger.checkpoint_dir / name))
 
     def gather_rank_states() -> list[dict] | None:  # a collective: every rank calls it at the same iterations
