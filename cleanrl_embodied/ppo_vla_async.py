@@ -154,8 +154,9 @@ def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
-    needs = ("forward", "dist", "get_value", "env_action")
-    needs += ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
+    needs = ("forward", "dist", "get_value", "env_action") + (
+        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
+    )
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
                                action_space(envs, args), args, needs)  # fmt: skip
 
@@ -609,9 +610,8 @@ def main(args: Args) -> dict:
                 update_stats, batch = ([], None) if stale else learn(item["data"], item["next_obs"])
                 dropped, version = dropped + stale, version + (not stale)
                 consumed, global_step = consumed + 1, global_step + rollout_steps  # the rollout is learned from
-                update_end = time.time()  # before publishing, so a waiting collector starts after it
-                collector.publish(consumed, version, agent)
-                times = {"collect": (item["start"], item["end"]), "update": (update_start, update_end)}
+                times = {"collect": (item["start"], item["end"]), "update": (update_start, time.time())}
+                collector.publish(consumed, version, agent)  # after the update's end: a waiting collector starts now
                 timeline.append({"index": item["index"], "behaviour_version": item["version"],
                                  "learner_version": used_version, "dropped": stale, **times})  # fmt: skip
 

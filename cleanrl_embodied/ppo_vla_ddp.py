@@ -169,8 +169,9 @@ def make_agent(envs, args: Args, value_head: bool = True) -> nn.Module:
             "which chunks need (an episode that ends inside a chunk is restarted at the chunk's end); use "
             "PushCubeRL, PushCubeLangRL or a Gymnasium id with --env-vectorization sync or async"
         )
-    needs = ("forward", "dist", "get_value", "env_action")
-    needs += ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
+    needs = ("forward", "dist", "get_value", "env_action") + (
+        ("value_parameters",) if args.critic_warmup_iterations and value_head else ()
+    )
     return shared.build_policy(args.policy, args.policy_kwargs, envs.single_observation_space,
                                action_space(envs, args), args, needs)  # fmt: skip
 
