@@ -1145,3 +1145,20 @@ def test_compile_cost_plans_three_runs_a_round_and_reports_the_ratio_and_the_cos
     for flag, value in (("iterations", 9), ("rounds", 0)):
         message = exits_in_one_line(lambda f=flag, v=value: compile_cost.main(compile_cost.Args(**{f: v})))
         assert message.startswith(f"error: --{flag} {value}: "), message
+
+
+@pytest.mark.parametrize(
+    ("layout", "runs_as_module"), [("benchmarks/speed/speed.py", True), ("benchmarks/speed.py", False)]
+)
+def test_update_vs_finds_speed_py_in_either_layout(tmp_path, layout, runs_as_module):
+    # update_vs measures this checkout against an older commit, whose benchmarks/ may still be flat.
+    from benchmarks.speed import update_vs
+
+    assert update_vs.speed_script(tmp_path) is None
+    script = tmp_path / layout
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    assert update_vs.speed_script(tmp_path) == script
+    command = update_vs.speed_command(tmp_path)
+    assert command[0] == str(tmp_path / ".venv" / "bin" / "python")
+    assert command[1:] == (["-m", "benchmarks.speed.speed"] if runs_as_module else [str(script)])

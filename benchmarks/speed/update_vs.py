@@ -77,7 +77,7 @@ def setting_flags(setting: str, iterations: int) -> tuple[int, str]:
     sys.exit(f"error: --settings takes halfcheetah and/or pushcube, got {setting!r}")
 
 
-SPEED = ("benchmarks/speed/speed.py", "benchmarks/speed/speed.py")
+SPEED = ("benchmarks/speed/speed.py", "benchmarks/speed.py")
 """Where speed.py is in a checkout: this layout's, or the flat benchmarks/ of older commits."""
 
 
