@@ -1162,3 +1162,39 @@ def test_update_vs_finds_speed_py_in_either_layout(tmp_path, layout, runs_as_mod
     command = update_vs.speed_command(tmp_path)
     assert command[0] == str(tmp_path / ".venv" / "bin" / "python")
     assert command[1:] == (["-m", "benchmarks.speed.speed"] if runs_as_module else [str(script)])
+
+
+def test_push_cube_env_speed_reports_every_variant_with_its_provenance(tmp_path):
+    """The env-speed probe of push-cube.md's table, at a tiny size: every variant stepped, the default as the
+    ratios' base, and provenance.json written beside the report (before 2026-12-02 it only printed)."""
+    from benchmarks.speed import push_cube_env_speed as probe
+
+    probe.main(probe.Args(num_envs=4, steps=2, rounds=1, out=str(tmp_path)))
+    data = json.loads((tmp_path / "speed.json").read_text())
+    assert set(data["results"]) == set(probe.VARIANTS) and all(r > 0 for r in data["results"].values())
+    rows = [line for line in (tmp_path / "speed.md").read_text().splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == len(probe.VARIANTS) and rows[0].startswith("| default |") and rows[0].endswith("| 1.00 |")
+    assert json.loads((tmp_path / "provenance.json").read_text())["command"] == data["invocation"]
+    assert "--old must be a checkout" in exits_in_one_line(lambda: probe.load_old(str(tmp_path)))
+
+
+def test_push_cube_variants_writes_its_report_and_each_runs_commit(tmp_path):
+    """One variant, one seed, one iteration: runs.json, report.md and provenance.json in --out, the run's commit
+    taken from its own summary.json (the figures of push-cube.md had none of this until 2026-12-02)."""
+    from benchmarks.experiments import push_cube_variants as experiment
+
+    args = experiment.Args(variants=("sliding",), seeds=(2,), total_timesteps=5120, eval_freq=1,
+                           out=str(tmp_path / "out"), runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    experiment.main(args)
+    data = json.loads((tmp_path / "out" / "runs.json").read_text())
+    (run_record,) = data["runs"]
+    assert (run_record["variant"], run_record["seed"], run_record["global_step"]) == ("sliding", 2, 5120)
+    assert run_record["env_kwargs"] == experiment.VARIANTS["sliding"] and "--env-kwargs" in run_record["command"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| sliding |" in report and run_record["command"] in report
+    prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
+    assert prov["runs"] == [run_record["command"]]
+    assert [group["commit"] for group in prov["runs_at"]] == [run_record["versions"]["git_sha"]]
+    assert "--variants takes default, legacy, sliding" in exits_in_one_line(
+        lambda: experiment.main(replace(args, variants=("slidnig",)))
+    )

@@ -14,7 +14,9 @@ variant's env kwargs for the training and the eval envs) in its own process, one
   the solved episodes, ``(L - (1 - s) T) / s`` (a failed episode always lasts ``T = max_episode_steps``).
 
 ``--source DIR`` runs the trainer and the package from another checkout (e.g. ``git archive <sha>``), to
-measure the code before a change with this same script. Writes ``<out>/<tag>.json`` and prints a table.
+measure the code before a change with this same script (give it an ``--out`` of its own). One measurement per
+``--out`` folder: ``runs.json`` (every run's record), ``report.md`` (the table, per-seed values, the commands, the
+machine) and ``provenance.json`` (each run's commit as its trainer recorded it in summary.json).
 """
 
 from __future__ import annotations
@@ -35,12 +37,17 @@ from benchmarks.common import (
     CONFIG_DIR,
     REPO,
     RESULTS_DIR,
+    describe_machine,
+    git_info,
+    invocation,
+    machine_info,
     md_table,
     merge_flags,
     read_flags,
     read_scalars,
     shell_command,
 )
+from benchmarks.suite import provenance
 
 # Variant name -> PushCubeRL env kwargs (JSON for --env-kwargs).
 VARIANTS = {
@@ -64,7 +71,9 @@ class Args:
     source: str | None = None
     """checkout to run the trainer and package from (default: this one)"""
     tag: str = "variants"
+    """subfolder of --runs-dir for the run directories"""
     out: str = str(RESULTS_DIR / "push-cube-variants")
+    """folder of runs.json, report.md and provenance.json (one measurement per folder)"""
     runs_dir: str = str(REPO / "runs" / "push-cube-variants")
     kwargs: dict[str, str] = field(default_factory=dict)
     """extra env kwargs per variant as JSON, e.g. --kwargs default '{"max_episode_steps": 100}'"""
@@ -131,55 +140,82 @@ def run_one(args: Args, variant: str, seed: int) -> dict:
         if success[-1] == 0
         else (length[-1] - (1 - success[-1]) * env_kwargs.get("max_episode_steps", 50)) / success[-1],
         "process_wall_s": round(time.time() - start, 1),
+        "versions": json.loads((run_dir / "summary.json").read_text()).get("versions"),
     }
 
 
-def fmt(values: list, digits: int, scale: float = 1.0, unit: str = "") -> str:
+def fmt(values: list, digits: int, scale: float = 1.0, unit: str = "", per_seed: bool = False) -> str:
+    """mean ± std (ddof 1) of the values that are not None, the count reached if not all; `per_seed`: each value."""
     got = [v / scale for v in values if v is not None]
     if not got:
         return f"not reached (0/{len(values)})"
     reached = "" if len(got) == len(values) else f" ({len(got)}/{len(values)})"
-    return f"{np.mean(got):.{digits}f}{unit} ± {np.std(got, ddof=1) if len(got) > 1 else 0:.{digits}f}{unit}{reached}"
+    each = f" ({', '.join('-' if v is None else f'{v / scale:.{digits}f}{unit}' for v in values)})" if per_seed else ""
+    std = np.std(got, ddof=1) if len(got) > 1 else 0
+    return f"{np.mean(got):.{digits}f}{unit} ± {std:.{digits}f}{unit}{reached}{each}"
+
+
+def report(data: dict) -> str:
+    """The table (one row per variant, mean ± std over seeds, per-seed values of the step counts), the runs and the
+    machine."""
+    rows = []
+    for variant in data["variants"]:
+        mine = [r for r in data["runs"] if r["variant"] == variant]
+        rows.append([
+            variant, f"`{json.dumps(mine[0]['env_kwargs'])}`", str(len(mine)),
+            fmt([r["steps_to_0.9"] for r in mine], 0, 1e3, "k", per_seed=True),
+            fmt([r["time_to_0.9_s"] for r in mine], 1, unit=" s"),
+            fmt([r["final_success"] for r in mine], 2),
+            fmt([r["solved_length"] for r in mine], 1),
+        ])  # fmt: skip
+    header = ["variant", "env kwargs", "seeds", "env steps to eval success ≥ 0.9 (per seed)",
+              "loop time to it", f"eval success at {data['total_timesteps'] // 1000}k",
+              "solved-episode length (control steps)"]  # fmt: skip
+    return "\n".join([
+        f"ppo_continuous.py with the PushCubeRL config, {data['total_timesteps']:,} env steps, an evaluation every "
+        f"{data['eval_freq']} iterations; the variant's env kwargs in the training and the eval envs; one run at a "
+        f"time, one thread. Loop time: `global_step / charts/SPS` at that evaluation (start-up excluded, evaluations "
+        f"included). Solved-episode length: `(L - (1 - s) T) / s` from the last evaluation's mean length L and "
+        f"success s (a failed episode lasts T). Finished {data['finished']} after {data['total_wall_s']:.0f} s.",
+        "",
+        f"- command: `{data['invocation']}`",
+        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
+        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
+        f"- git {data['git']['git_sha']}{' (dirty)' if data['git'].get('git_dirty') else ''}"
+        + (f"; the runs from `{data['source']}`" if data["source"] else ""),
+        "",
+        md_table(header, rows),
+        "",
+        "Runs:",
+        "",
+        *(f"- `{r['command']}`" for r in data["runs"]),
+    ])  # fmt: skip
 
 
 def main(args: Args) -> None:
-    records = []
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: --variants takes {', '.join(VARIANTS)}, got {', '.join(unknown)}")
+    data = {"invocation": invocation(__file__, sys.argv[1:]), "variants": list(args.variants),
+            "total_timesteps": args.total_timesteps, "eval_freq": args.eval_freq, "source": args.source,
+            "machine": machine_info(), "git": git_info(), "runs": []}  # fmt: skip
+    start = time.time()
     for variant in args.variants:
         for seed in args.seeds:
             record = run_one(args, variant, seed)
-            print(json.dumps(record), flush=True)
-            records.append(record)
+            print(json.dumps({k: v for k, v in record.items() if k != "versions"}), flush=True)
+            data["runs"].append(record)
+    data.update(total_wall_s=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M"),
+                load_avg_end=machine_info()["load_avg_1_5_15"])  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.json").write_text(json.dumps(records, indent=1))
-    rows = []
-    for variant in args.variants:
-        mine = [r for r in records if r["variant"] == variant]
-        rows.append(
-            [
-                variant,
-                json.dumps(mine[0]["env_kwargs"]),
-                str(len(mine)),
-                fmt([r["steps_to_0.9"] for r in mine], 0, 1e3, "k"),
-                fmt([r["time_to_0.9_s"] for r in mine], 1, unit=" s"),
-                fmt([r["final_success"] for r in mine], 2),
-                fmt([r["solved_length"] for r in mine], 1),
-            ]
-        )
-    print(
-        md_table(
-            [
-                "variant",
-                "env kwargs",
-                "seeds",
-                "env steps to eval success ≥ 0.9",
-                "loop time to eval success ≥ 0.9",
-                f"eval success at {args.total_timesteps // 1000}k",
-                "solved-episode length (control steps)",
-            ],
-            rows,
-        )
-    )
+    (out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
+    text = report(data)
+    (out / "report.md").write_text(f"# PushCubeRL variants: how fast PPO learns each\n\n{text}\n")
+    run_git = [r["versions"] or {"git_sha": None, "git_dirty": None} for r in data["runs"]]
+    provenance.record(out, data["invocation"], [r["command"] for r in data["runs"]], data["machine"], data["git"],
+                      run_git)  # fmt: skip
+    print(text)
 
 
 if __name__ == "__main__":

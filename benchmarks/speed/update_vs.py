@@ -6,12 +6,13 @@
 Each contestant is speed.py's breakdown (part 3: the real `main()` of ppo_continuous, timed through public seams)
 run by that checkout's own `.venv` Python on that checkout's own code, one process at a time with one thread
 (OMP_NUM_THREADS=1), in turns (this, other, other, this, ...) so that drift of the machine falls on all alike.
-Contestants: the other checkout as it is, this checkout with `--compile off` (eager) and with its default
-(`--compile auto`). Settings: CleanRL's HalfCheetah (benchmarks/suite/configs/ppo_continuous__HalfCheetah-v5.txt: 1 env
-x 2048 steps, 10 epochs x 32 minibatches of 64) and PushCubeRL with 256 envs x 20 steps (speed.py's breakdown
-setting). Per iteration after `--skip`: the whole iteration, env, policy, update and rest (means, they add up). The
-compilation happens in the first iterations and so is outside those means: the whole process time, which holds
-it, is reported next to them. Writes `--out`/update_vs.json and the `update-vs-cpu` section of docs/benchmarks.md.
+Contestants: the other checkout as it is, this checkout with `--compile off` (eager) and with `--compile on`
+(compiled; `--compile auto` decides between the two from what a run measures). Settings: CleanRL's HalfCheetah
+(benchmarks/suite/configs/ppo_continuous__HalfCheetah-v5.txt: 1 env x 2048 steps, 10 epochs x 32 minibatches of
+64) and PushCubeRL with 256 envs x 20 steps (speed.py's breakdown setting). Per iteration after `--skip`: the
+whole iteration, env, policy, update and rest (means, they add up). The compilation happens in the first
+iterations and so is outside those means: the whole process time, which holds it, is reported next to them.
+Writes `--out`/update_vs.json and the `update-vs-cpu` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -132,13 +133,13 @@ def report(data: dict) -> str:
     a = data["args"]
     lines = [
         f"Side by side, {data['finished']}: ppo_continuous at this commit ({data['git']['git_sha'][:7]}, eager with "
-        "`--compile off` and compiled with `--compile on`, what `auto` picks for 1M-step runs) against "
+        "`--compile off` and compiled with `--compile on`) against "
         f"{data['other_git']} "
         f"(its own code and venv), {a['rounds']} turns per setting, one thread each; milliseconds per iteration, "
         f"means over iterations {a['skip'] + 1}-{a['iterations']}, medians over turns. The whole process (start-up, "
         "compilation and the rest) is in the last column.",
         "",
-        "- command: `uv run python -m benchmarks.speed.update_vs --other-repo <checkout of the other commit>`",
+        f"- command: `{data['invocation'].replace(a['other_repo'], '<checkout of the other commit>')}`",
         f"- machine: {describe_machine(data['machine'])}",
         "",
     ]
@@ -229,7 +230,8 @@ def main(args: Args) -> dict:
     print(text)
     if args.results_md:
         write_section(Path(args.results_md), "update-vs-cpu", text)
-    provenance.record(out, data["invocation"], None, data["machine"], data["git"])
+    command = data["invocation"].replace(args.other_repo, "<checkout of the other commit>")  # (a path of this machine)
+    provenance.record(out, command, None, data["machine"], data["git"])
     return data
 
 
