@@ -1,6 +1,6 @@
 """PushCubeRL env-only throughput of its variants side by side in one process, one thread.
 
-    uv run python -m benchmarks.speed.push_cube_env_speed                  # ~3 min on a 2-core CPU
+    uv run python -m benchmarks.speed.push_cube_env_speed                  # ~1 min on a 2-core CPU
     git archive bf22c03 | tar -x -C /tmp/old && uv run python -m benchmarks.speed.push_cube_env_speed --old /tmp/old
 
 Builds every variant (the default env and one kwarg changed at a time, state observations) with `--num-envs` envs
