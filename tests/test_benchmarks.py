@@ -1190,6 +1190,7 @@ def test_push_cube_variants_writes_its_report_and_each_runs_commit(tmp_path):
     (run_record,) = data["runs"]
     assert (run_record["variant"], run_record["seed"], run_record["global_step"]) == ("sliding", 2, 5120)
     assert run_record["env_kwargs"] == experiment.VARIANTS["sliding"] and "--env-kwargs" in run_record["command"]
+    assert "--compile off" in run_record["command"]  # (auto decides from this machine's past runs)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| sliding |" in report and run_record["command"] in report
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())

@@ -5,8 +5,10 @@
 
 For every (variant, seed) it runs ``cleanrl_embodied/ppo_continuous.py`` (PushCubeRL, the quick suite's flags
 from benchmarks/suite/configs/ppo_continuous__PushCubeRL.txt, ``--total-timesteps`` and ``--eval-freq`` below, the
-variant's env kwargs for the training and the eval envs) in its own process, one at a time,
-``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events:
+variant's env kwargs for the training and the eval envs, ``--compile off``) in its own process, one at a time,
+``OMP_NUM_THREADS=1``, and reads back from its TensorBoard events. (Under ``--compile auto`` the first run of each
+variant compiled, by this machine's record of earlier runs, and the others did not: the loop times mixed a compile
+in, and the same command would not compute the same numbers on another machine.)
 
 - env steps and loop wall time (``global_step / charts/SPS``, start-up excluded, evaluations included) at
   the first evaluation with ``eval/success_rate >= 0.9``;
@@ -92,6 +94,8 @@ def run_one(args: Args, variant: str, seed: int) -> dict:
             "--save-freq",
             "0",
             "--no-cuda",
+            "--compile",
+            "off",
             "--env-id",
             "PushCubeRL",
         ],
