@@ -247,10 +247,15 @@ def test_suite_plans():
     ppo = next(s for s in quick if (s.script, s.task) == ("ppo_continuous", "Pendulum-v1"))
     assert benchlib.get_flag(ppo.flags, "--total-timesteps") == ["150000"]  # the suite's budget replaces the config's
     assert benchlib.get_flag(ppo.flags, "--num-envs") == ["16"] and "--no-cuda" in ppo.flags
+    # on the CPU eager unless asked otherwise: --compile auto's choice depends on the machine's past runs
+    assert all(benchlib.get_flag(s.flags, "--compile") == ["off"] for s in quick)
+    asked = run.plan(run.Args(suite="quick", scripts=("grpo",), tasks=("PushCubeRL",), extra="--compile on"), "cpu")
+    assert benchlib.get_flag(asked[0].flags, "--compile") == ["on"]
     scaled = run.plan(run.Args(suite="quick", scripts=("grpo",), tasks=("PushCubeRL",), budget_scale=0.5), "cpu")
     assert len(scaled) == 5 and benchlib.get_flag(scaled[0].flags, "--total-timesteps") == ["192000"]
     full = run.plan(run.Args(suite="full", seeds=1), "cuda")
     assert {(s.script, s.task) for s in full} == set(run.config_pairs())
+    assert all(benchlib.get_flag(s.flags, "--compile") is None for s in full)  # (CUDA: the trainers' own rule)
     # a variant: the env id and its config's options
     pixels = next(s for s in full if s.task == "PushCubeRL@proprio+rgb")
     assert benchlib.get_flag(pixels.flags, "--env-id") == ["PushCubeRL"]
@@ -510,6 +515,33 @@ def test_recheck_reproduces_a_published_run_and_names_the_point_that_differs(tmp
     assert f"charts/episodic_return: {n_train - 1}/{n_train} identical (first difference at step {step})" in row
     with pytest.raises(SystemExit, match="--tasks/--seeds"):
         recheck.main(recheck.Args(results=str(results), tasks=("nope",)))
+
+
+def test_recheck_refuses_to_compare_a_run_that_compiled_by_auto_s_choice():
+    """--compile auto decides from the machine's record of earlier runs, and compiled code agrees with eager to float
+    rounding only: such a run's points cannot be re-run exactly, and saying "differs" would blame the code."""
+    recheck = importlib.import_module("benchmarks.suite.recheck")
+    base = "python cleanrl_embodied/ppo_continuous.py --seed 1 --output-dir OUT"
+    record = lambda flags, compiled: {
+        "command": f"{base} {flags}",
+        "summary": {"global_step": 10, "compiled": compiled},
+    }
+    assert recheck.compiled_by_auto(record("", True)) and recheck.compiled_by_auto(record("--compile auto", True))
+    assert not recheck.compiled_by_auto(record("", False))  # auto chose eager: reproducible
+    assert not recheck.compiled_by_auto(record("--compile on", True))  # asked for: the compiled fingerprint's path
+    assert not recheck.compiled_by_auto(record("--compile=on", True))
+    assert not recheck.compiled_by_auto({"command": base, "summary": {"global_step": 10}})  # (older records)
+    assert "not comparable" in recheck.recheck(record("", True), 10, 0.1)["error"]
+
+
+def test_a_suite_run_records_which_path_it_took(tmp_path):
+    """run.py's record keeps summary.json's `compiled`, which recheck reads; the CPU plan's --compile off holds."""
+    flags = ["--save-freq", "0", "--no-cuda", "--compile", "off", "--env-id", "PushCubeRL", "--num-envs", "8",
+             "--num-steps", "25", "--total-timesteps", "400", "--hidden-sizes", "8", "8", "--num-minibatches", "2",
+             "--update-epochs", "1", "--eval-freq", "0"]  # fmt: skip
+    record = run.launch(run.RunSpec("ppo_continuous", "PushCubeRL", 1, flags), tmp_path / "run", run.Args())
+    assert record["returncode"] == 0, record.get("error")
+    assert record["summary"]["compiled"] is False and "--compile off" in record["command"]
 
 
 # ---- vs_cleanrl: ours against CleanRL's script, side by side -------------------------------------------

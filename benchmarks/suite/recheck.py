@@ -42,8 +42,23 @@ class Args:
     """how often the run's scalars are read while it trains"""
 
 
+def compiled_by_auto(run: dict) -> bool:
+    """Whether the run compiled by `--compile auto`'s own choice (its summary says so and its command did not ask):
+    a decision from the machine's record of earlier runs, which a re-run here need not repeat, and compiled and
+    eager code agree to float rounding only, so its points cannot be compared exactly."""
+    argv, asked = command_of(run, "-")[0], "auto"
+    for i, token in enumerate(argv):
+        if token == "--compile" and i + 1 < len(argv):
+            asked = argv[i + 1]
+        elif token.startswith("--compile="):
+            asked = token.partition("=")[2]
+    return asked == "auto" and bool((run.get("summary") or {}).get("compiled"))
+
+
 def recheck(run: dict, until_step: int, poll_s: float) -> dict:
     """Re-run `run` up to `until_step` and compare its curves with the published ones."""
+    if compiled_by_auto(run):
+        return {"error": "not comparable: it compiled by --compile auto's choice (re-run it with --compile on/off)"}
     final = run["summary"]["global_step"]  # a run that got there is finishing by itself: no signal then
     with tempfile.TemporaryDirectory() as tmp:
         argv, env = command_of(run, tmp)

@@ -20,15 +20,18 @@ scalars. Written to `--out` (default `docs/results/<name>/`, `--name` by default
 - `runs.json`: everything the report is drawn from (curves included), so `--report-only` redraws it;
 - `runs/`: the run directories themselves (TensorBoard, summary.json, last.pt, stdout.log; not committed).
 
-Flags of a run, later ones replacing earlier ones: `--save-freq 0` and the device flag; the file
-`benchmarks/suite/configs/<script>__<task>.txt` (see configs/README.md); the suite's overrides below (QUICK: shorter
-budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies
+Flags of a run, later ones replacing earlier ones: `--save-freq 0`, the device flag and on the CPU `--compile off`;
+the file `benchmarks/suite/configs/<script>__<task>.txt` (see configs/README.md); the suite's overrides below (QUICK:
+shorter budgets); `--extra`; then `--env-id`, `--seed`, `--output-dir`. `--budget-scale` multiplies
 `--total-timesteps` at the end. A task is an env id, or an env id and a variant after "@" (`PushCubeRL@rgb`:
 the same env with the options of its config file, judged like the env id).
 
 Wall time of a curve point is the trainer's own loop time at that iteration (global_step / charts/SPS),
 so it includes earlier evaluations and excludes start-up. On CPU with --torch-deterministic the same
-command gives the same curves bit for bit; `--determinism-check` runs the first run twice and says so.
+command gives the same curves bit for bit; `--determinism-check` runs the first run twice and says so. That is
+why the CPU runs are eager unless a config file or `--extra` names `--compile`: `--compile auto` decides from this
+machine's record of earlier runs, so the same command could compile on one machine and not on another (or in the
+first run of a configuration and not in the next), and compiled and eager code agree to float rounding only.
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ def plan(args: Args, device: str) -> list[RunSpec]:
         config = read_flags(path)
         if get_flag(config, "--env-id") not in (None, [env_id(task)]):
             fail(f"{path} sets --env-id {get_flag(config, '--env-id')}, but its name says {env_id(task)}")
-        base = ["--save-freq", "0", "--cuda" if device == "cuda" else "--no-cuda"]
+        base = ["--save-freq", "0", *(["--cuda"] if device == "cuda" else ["--no-cuda", "--compile", "off"])]
         flags = merge_flags(base, config, shlex.split(overrides), shlex.split(args.extra), ["--env-id", env_id(task)])
         flags = scale_budget(flags, args.budget_scale, path)
         specs += [RunSpec(script, task, seed, flags) for seed in range(1, num_seeds + 1)]
@@ -249,7 +252,7 @@ def launch(spec: RunSpec, output_dir: Path, args: Args) -> dict:
         tail = (output_dir / "stdout.log").read_text().strip().splitlines()[-3:]
         return {**record, "returncode": rc or 1, "error": " / ".join(tail)}
     summary = json.loads(summaries[0].read_text())
-    keep = ("global_step", "wall_time_s", "sps", "eval", "versions")
+    keep = ("global_step", "wall_time_s", "sps", "eval", "versions", "compiled")
     return {
         **record,
         "run_dir": os.path.relpath(summaries[0].parent, REPO),
