@@ -177,10 +177,11 @@ def report(data: dict) -> str:
               "solved-episode length (control steps)"]  # fmt: skip
     return "\n".join([
         f"ppo_continuous.py with the PushCubeRL config, {data['total_timesteps']:,} env steps, an evaluation every "
-        f"{data['eval_freq']} iterations; the variant's env kwargs in the training and the eval envs; one run at a "
-        f"time, one thread. Loop time: `global_step / charts/SPS` at that evaluation (start-up excluded, evaluations "
-        f"included). Solved-episode length: `(L - (1 - s) T) / s` from the last evaluation's mean length L and "
-        f"success s (a failed episode lasts T). Finished {data['finished']} after {data['total_wall_s']:.0f} s.",
+        f"{data['eval_freq']} iterations; the variant's env kwargs in the training and the eval envs; eager "
+        f"(`--compile off`), one run at a time, one thread. Loop time: `global_step / charts/SPS` at that "
+        f"evaluation (start-up excluded, evaluations included). Solved-episode length: `(L - (1 - s) T) / s` from "
+        f"the last evaluation's mean length L and success s (a failed episode lasts T). Finished "
+        f"{data['finished']} after {data['total_wall_s']:.0f} s.",
         "",
         f"- command: `{data['invocation']}`",
         f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
