@@ -1233,3 +1233,13 @@ def test_push_cube_variants_writes_its_report_and_each_runs_commit(tmp_path):
     assert "--variants takes default, legacy, sliding" in exits_in_one_line(
         lambda: experiment.main(replace(args, variants=("slidnig",)))
     )
+
+
+def test_record_lines_name_the_command_machine_load_versions_and_commit():
+    machine = {**benchlib.machine_info(), "load_avg_1_5_15": [0.5, 0.6, 0.7]}
+    lines = benchlib.record_lines("uv run x", machine, [1.0, 1.0, 1.0], {"git_sha": "abc", "git_dirty": True},
+                                  {"torch": "2.15"})  # fmt: skip
+    assert lines[0] == "- command: `uv run x`" and lines[2] == "- versions: torch 2.15"
+    assert lines[1].endswith("at start [0.5, 0.6, 0.7], at end [1.0, 1.0, 1.0]")
+    assert lines[3] == "- git: abc (uncommitted changes)"
+    assert len(benchlib.record_lines("c", machine, None, {"git_sha": "abc", "git_dirty": False})) == 3

@@ -39,7 +39,6 @@ from benchmarks.common import (
     CONFIG_DIR,
     REPO,
     RESULTS_DIR,
-    describe_machine,
     git_info,
     invocation,
     machine_info,
@@ -47,6 +46,7 @@ from benchmarks.common import (
     merge_flags,
     read_flags,
     read_scalars,
+    record_lines,
     shell_command,
 )
 from benchmarks.suite import provenance
@@ -183,11 +183,8 @@ def report(data: dict) -> str:
         f"the last evaluation's mean length L and success s (a failed episode lasts T). Finished "
         f"{data['finished']} after {data['total_wall_s']:.0f} s.",
         "",
-        f"- command: `{data['invocation']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- git {data['git']['git_sha']}{' (dirty)' if data['git'].get('git_dirty') else ''}"
-        + (f"; the runs from `{data['source']}`" if data["source"] else ""),
+        *record_lines(data["invocation"], data["machine"], data["load_avg_end"], data["git"]),
+        *([f"- the runs from `{data['source']}`"] if data["source"] else []),
         "",
         md_table(header, rows),
         "",

@@ -30,12 +30,12 @@ import tyro  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     RESULTS_DIR,
-    describe_machine,
     git_info,
     invocation,
     machine_info,
     md_table,
     package_versions,
+    record_lines,
 )
 from benchmarks.suite import provenance  # noqa: E402
 from cleanrl_embodied.shared.envs.push_cube import PushCubeRLVecEnv  # noqa: E402
@@ -127,11 +127,7 @@ def report(data: dict) -> str:
         f"drawn up front; the median over {data['rounds']} interleaved rounds of {data['steps']} steps each. A step "
         f"includes the SAME_STEP autoreset. Finished {data['finished']} after {data['total_wall_s']:.0f} s.",
         "",
-        f"- command: `{data['invocation']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}; git {data['git']['git_sha']}"
-        f"{' (dirty)' if data['git'].get('git_dirty') else ''}",
+        *record_lines(data["invocation"], data["machine"], data["load_avg_end"], data["git"], data["versions"]),
         "",
         md_table(header, rows),
     ])  # fmt: skip
