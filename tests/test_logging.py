@@ -184,6 +184,10 @@ def test_versions_never_raises():
         ("?? cleanrl_embodied/my_ppo.py", True),  # a new trainer is
         (" M README.md", True),
         ("?? docs/x.md\n M cleanrl_embodied/ppo_continuous.py", True),
+        (" M docs/results/pixels-cpu/report.md\n D docs/results/old/runs.json", False),  # a report measured again
+        (" M docs/results/x/report.md\n M docs/benchmarks.md", True),  # the pages are tracked text like the rest
+        ('R  docs/results/a.json -> "docs/results/b c.json"', False),
+        ("R  docs/results/a.py -> benchmarks/a.py", True),
     ],
 )
 def test_git_dirty_counts_changed_files_and_untracked_code(monkeypatch, status, dirty):

@@ -69,15 +69,26 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def _code_changed(status: str) -> bool:
+    """Whether `git status --porcelain` lines say the code differs from its commit: a changed tracked file, or an
+    untracked Python file (a new trainer or policy). Not untracked outputs, and not the measured records under
+    docs/results/ (a benchmark rewriting the report it measures), which no run reads."""
+    for line in filter(None, status.splitlines()):
+        path = line[3:].split(" -> ")[-1].strip('"')
+        if path.startswith("docs/results/"):
+            continue
+        if not line.startswith("??") or path.endswith(".py"):
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=1)
 def _versions_cached() -> tuple[tuple[str, Any], ...]:
     sha = _git("rev-parse", "HEAD")
     dirty = None
     if sha:
         status = _git("status", "--porcelain", "--untracked-files=all")
-        # changed files count, and untracked code (a new trainer or policy file), not untracked outputs (reports)
-        lines = [] if status is None else [line for line in status.splitlines() if line]
-        dirty = None if status is None else any(not line.startswith("??") or line.endswith(".py") for line in lines)
+        dirty = None if status is None else _code_changed(status)
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -96,7 +107,8 @@ def versions() -> dict[str, Any]:
     ``git_sha`` is ``git rev-parse HEAD`` of the repository holding this package (None when the
     package is not in a git checkout or git is missing); ``git_dirty`` says whether the code differs
     from that commit: changed files, or untracked Python files that .gitignore does not name (None
-    when unknown; untracked outputs, such as a report being written, do not count). The trainer
+    when unknown; untracked outputs, such as a report being written, and the records under docs/results/ do
+    not count). The trainer
     file's own state is in summary.json's ``trainer`` (shared.trainer_file). Never raises; computed
     once per process.
     """
