@@ -210,9 +210,10 @@ def digest_at(commit: str | None, name: str) -> str | None:
 
 
 def git_commit() -> tuple[str, bool]:
-    """(HEAD's full sha, whether tracked files differ from it)."""
+    """(HEAD's full sha, whether tracked files other than the records under docs/results/ differ from it: the rule of
+    the runs' own `git_dirty`)."""
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO).returncode != 0
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":!docs/results"], cwd=REPO).returncode != 0
     return sha, dirty
 
 
