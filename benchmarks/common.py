@@ -274,11 +274,13 @@ def failed_lines(failed: list[dict]) -> list[str]:
                                       for r in failed)]  # fmt: skip
 
 
-def record_lines(command: str, machine: dict, load_avg_end, git: dict, versions: dict | None = None) -> list[str]:
-    """A report's bullets of where its figures come from: the command, the machine with its load at start and end,
-    the library versions (when given) and the commit."""
+def record_lines(
+    command: str, machine: dict, load_avg_end, git: dict, versions: dict | None = None, note: str = ""
+) -> list[str]:
+    """A report's bullets of where its figures come from: the command (`note` follows it: how a peer was
+    installed), the machine with its load at start and end, the library versions (when given) and the commit."""
     return [
-        f"- command: `{command}`",
+        f"- command: `{command}`{note}",
         f"- machine: {describe_machine(machine)}; load average (1/5/15 min) at start {machine['load_avg_1_5_15']}, "
         f"at end {load_avg_end}",
         *([f"- versions: {', '.join(f'{k} {v}' for k, v in versions.items())}"] if versions else []),

@@ -59,7 +59,6 @@ from benchmarks.common import (
     RESULTS_DIR,
     SCRIPTS_DIR,
     commands_block,
-    describe_machine,
     fail,
     failed_lines,
     finished,
@@ -71,6 +70,7 @@ from benchmarks.common import (
     package_versions,
     read_flags,
     read_scalars,
+    record_lines,
     save_runs,
     saved_runs,
     shell_command,
@@ -507,11 +507,7 @@ def report(data: dict, out: Path, image_prefix: str = "") -> str:
         f"{data['total_s'] / 60:.1f} min in all, finished "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(data['finished']))} UTC.",
         "",
-        f"- command: `{data['command']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(data["command"], data["machine"], data["load_avg_end"], data["git"], data["versions"]),
         "- mean ± std: over seeds (sample std); the methods of one seed run one after another, their order "
         "alternating from seed to seed.",
     ]  # fmt: skip

@@ -63,7 +63,6 @@ from benchmarks.common import (
     RESULTS_DIR,
     SCRIPTS_DIR,
     commands_block,
-    describe_machine,
     fail,
     failed_lines,
     finished,
@@ -73,6 +72,7 @@ from benchmarks.common import (
     md_table,
     package_versions,
     read_scalars,
+    record_lines,
     save_runs,
     saved_runs,
     scalar_wall_times,
@@ -524,11 +524,14 @@ def report(data: dict, out: Path, image_prefix: str = "") -> str:
         f"{data['total_s'] / 60:.1f} min in all, finished "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(data['finished']))} UTC.",
         "",
-        f"- command: `{data['command']}` (mjlab {data['versions'].get('mjlab')} installed with `{INSTALL}`)",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(
+            data["command"],
+            data["machine"],
+            data["load_avg_end"],
+            data["git"],
+            data["versions"],
+            note=f" (mjlab {data['versions'].get('mjlab')} installed with `{INSTALL}`)",
+        ),
         "- the same envs and env steps on both sides; ours maps mjlab's rsl_rl recipe onto its flags "
         "(benchmarks/peers/vs_mjlab.py says what maps and what cannot); mean ± std over seeds (sample std); "
         "final training "

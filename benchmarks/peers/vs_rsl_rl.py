@@ -75,7 +75,6 @@ from benchmarks.common import (
     RESULTS_MD,
     SCRIPTS_DIR,
     commands_block,
-    describe_machine,
     fail,
     failed_lines,
     finished,
@@ -85,6 +84,7 @@ from benchmarks.common import (
     md_table,
     package_versions,
     read_scalars,
+    record_lines,
     save_runs,
     saved_runs,
     scalar_wall_times,
@@ -635,11 +635,14 @@ def report(data: dict) -> str:
         f"thread each, {data['total_s'] / 60:.1f} min in all. Ratios: rsl_rl's seconds over ours (above 1: ours is "
         f"faster); steady state: the iterations after iteration {a['skip']}.",
         "",
-        f"- command: `{data['command']}` (rsl_rl installed with `{INSTALL}`)",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(
+            data["command"],
+            data["machine"],
+            data["load_avg_end"],
+            data["git"],
+            data["versions"],
+            note=f" (rsl_rl installed with `{INSTALL}`)",
+        ),
         "",
         *[f"- **{line}**" for line in verdict(pairs)],
         f"- final success (deterministic, 64 episodes): {min(success):.2f}-{max(success):.2f} over every run"

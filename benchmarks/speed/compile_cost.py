@@ -39,13 +39,13 @@ from benchmarks.common import (
     REPO,
     RESULTS_MD,
     commands_block,
-    describe_machine,
     fail,
     git_info,
     invocation,
     machine_info,
     md_table,
     package_versions,
+    record_lines,
     save_runs,
     saved_runs,
     write_report,
@@ -137,11 +137,7 @@ def report(data: dict) -> str:
         f"{a['script']} with `{a['flags']}`, {a['iterations']} iterations per run, {a['rounds']} rounds of the three "
         f"runs, one at a time, one thread each; finished {data.get('finished_at', '')}.",
         "",
-        f"- command: `{data['command']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data.get('load_avg_end')}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(data["command"], data["machine"], data.get("load_avg_end"), data["git"], data["versions"]),
         "- iteration: the median of a run's timed iterations (eager: after the first; compiled: from the first "
         "compiled call); compile cost: what the compiled iterations took beyond that median (the figure a run "
         "records for `--compile auto`); medians over the rounds (range).",

@@ -65,7 +65,6 @@ from benchmarks.common import (
     RESULTS_DIR,
     RESULTS_MD,
     SCRIPTS_DIR,
-    describe_machine,
     env_throughput,
     fail,
     git_info,
@@ -74,6 +73,7 @@ from benchmarks.common import (
     md_table,
     merge_flags,
     package_versions,
+    record_lines,
     shell_command,
     steady_sps,
     sync,
@@ -868,11 +868,7 @@ def report(data: dict, image: str) -> str:
     header = [
         f"Speed suite, {data['finished']}, {data['total_wall_s'] / 60:.1f} min in all.",
         "",
-        f"- command: `{data['invocation']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(data["invocation"], data["machine"], data["load_avg_end"], data["git"], data["versions"]),
         "",
         *([f"![speed]({image})", ""] if image else []),
     ]

@@ -58,7 +58,6 @@ from benchmarks.common import (
     RESULTS_DIR,
     RESULTS_MD,
     SCRIPTS_DIR,
-    describe_machine,
     fail,
     get_flag,
     git_info,
@@ -69,6 +68,7 @@ from benchmarks.common import (
     package_versions,
     read_flags,
     read_scalars,
+    record_lines,
     save_runs,
     shell_command,
     write_section,
@@ -381,11 +381,7 @@ def report(data: dict, out: Path, image_prefix: str) -> str:
             else "."
         ),
         "",
-        f"- command: `{data['invocation']}`",
-        f"- machine: {describe_machine(data['machine'])}; load average (1/5/15 min) at start "
-        f"{data['machine']['load_avg_1_5_15']}, at end {data['load_avg_end']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in data['versions'].items())}",
-        f"- git: {data['git']['git_sha']}{' (uncommitted changes)' if data['git']['git_dirty'] else ''}",
+        *record_lines(data["invocation"], data["machine"], data["load_avg_end"], data["git"], data["versions"]),
         "- IQM: mean of the middle 50% of seeds (= the mean below 4 seeds); CI: 95% stratified bootstrap "
         "(2000 resamples, percentile); thresholds are reached at the first eval at or above them; "
         "wall time is the trainer's loop time (global_step / SPS), evaluations included.",
