@@ -624,6 +624,7 @@ def test_vla_rl_commands_parse_with_the_scripts_and_point_at_their_seeds_start()
         env_kwargs = json.loads(parsed[row].env_kwargs)
         assert env_kwargs["reward_weights"]["success"] == 1 and env_kwargs["obs_mode"] == "proprio+rgb"
         assert parsed[row].output_dir == f"/tmp/vla/{row}_s2" and parsed[row].total_timesteps == args.timesteps
+        assert parsed[row].compile == "off"  # (auto decides by timing an iteration: the load would pick)
     assert parsed["grpo"].advantage == "episode" and not parsed["grpo"].filter_groups
     assert parsed["grpo_dyn"].min_informative_groups == 16 and parsed["grpo"].min_informative_groups == 0
     assert parsed["ppo_warm"].critic_warmup_iterations == 2 and parsed["ppo"].critic_warmup_iterations == 0
@@ -1056,7 +1057,7 @@ def test_vla_fewshot_commands_parse_with_the_scripts_and_start_from_the_pretrain
         assert json.loads(parsed.policy_kwargs) == {"model_path": "/tmp/vf/proprio_rgb/k10/start_s2"}
         env_kwargs = json.loads(parsed.env_kwargs)
         assert env_kwargs["reward_weights"]["success"] == 1 and env_kwargs["tasks"] == target["tasks"]
-        assert parsed.seed == 2 and parsed.total_timesteps == args.timesteps
+        assert parsed.seed == 2 and parsed.total_timesteps == args.timesteps and parsed.compile == "off"
     control = tyro.cli(fewshot.Args, args=fs.row_command(args, "proprio+rgb", 10, "sft", 2, 6.5)[2:])
     assert control.start == "/tmp/vf/proprio_rgb/k10/start_s2" and control.cpu_minutes == 6.5 and control.base is None
     oracle = tyro.cli(dagger.Args, args=fs.row_command(args, "proprio+rgb", 10, "dagger", 2, 6.5)[2:])

@@ -142,6 +142,7 @@ def row_command(args: Args, mode: str, k: int, row: str, seed: int, minutes: flo
         "--num-envs", "128", "--num-minibatches", "4", "--update-epochs", "2", "--learning-rate", "3e-4",
         "--total-timesteps", str(args.timesteps), "--eval-freq", "2", "--num-eval-envs", "64",
         "--num-eval-episodes", "64", "--save-freq", "5", "--seed", str(seed), "--output-dir", out, "--exp-name", row,
+        "--compile", "off",  # eager: --compile auto decides by timing an iteration (the load would change the numbers)
     ]  # fmt: skip
     if trainer == "grpo_vla":
         return command + ["--group-size", "8", "--advantage", "episode"]

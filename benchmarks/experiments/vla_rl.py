@@ -147,6 +147,7 @@ def row_command(args: Args, row: str, seed: int, dagger_minutes: float | None = 
         "--total-timesteps", str(args.timesteps), "--eval-freq", "5", "--num-eval-envs", "64",
         "--num-eval-episodes", "64", "--save-freq", "10", "--seed", str(seed), "--output-dir", str(out),
         "--exp-name", row,
+        "--compile", "off",  # eager: --compile auto decides by timing an iteration (the load would change the numbers)
     ]  # fmt: skip
     if trainer == "grpo_vla":
         command += ["--group-size", "8", "--advantage", "episode"]
