@@ -25,7 +25,7 @@ RESULTS = REPO / "docs" / "results"
 REPORTS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
 PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "figures.md")]
 """The pages that quote reports (docs/figures.md, the index written from them, quotes them all, fresh or not)."""
-LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)")
+LINK = quotes.LINK  # a mention of a report folder (not of a run directory under it)
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
@@ -75,6 +75,22 @@ def test_every_report_linked_from_the_readme_and_docs_exists():
             if not (RESULTS / name).exists() and not name.endswith("-"):  # ("results/gpu-<device>-<date>": a pattern)
                 broken.append(f"{page.relative_to(REPO)}: results/{name}")
     assert not broken, broken
+
+
+def test_a_run_directory_in_a_recorded_command_is_not_a_mention_of_a_report(tmp_path):
+    """A record moved to another folder keeps its exact commands as they ran (`--output-dir docs/results/<old>/runs/
+    ...`): that names where the runs were written, not a report, so it neither needs `<old>` to exist nor quotes
+    whatever report holds that name now. A report's own path (its folder, report.md, a plot) is a mention."""
+    text = ("python x.py --output-dir docs/results/old-name/runs/x__1\n"
+            "[report](results/new-name/report.md) results/plain ![plot](results/new-name/a@b.png)")  # fmt: skip
+    assert [m.group(1) for m in LINK.finditer(text)] == ["new-name", "plain", "new-name"]
+    results = tmp_path / "results"
+    for name in ("old-name", "new-name"):
+        (results / name).mkdir(parents=True)
+    page = tmp_path / "page.md"
+    assert quoted("`--output-dir docs/results/old-name/runs/s__1`", page, results, {}, None) == set()
+    assert quoted("see results/old-name and results/new-name/report.md", page, results, {}, None) == {
+        "old-name", "new-name"}  # fmt: skip
 
 
 def test_a_report_whose_fingerprints_moved_is_marked_stale():

@@ -15,7 +15,10 @@ from pathlib import Path
 from benchmarks.common import REPO
 from benchmarks.suite import provenance
 
-LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)")
+LINK = re.compile(r"results/([A-Za-z0-9_.@+-]+)(?![A-Za-z0-9_.@+-]|/runs/)")
+"""A mention of a report folder, `results/<name>`; not a run directory under it (`results/<name>/runs/...`, the
+`--output-dir` of a recorded exact command), which names the folder the runs were written to, not a report: a record
+moved to another name keeps its commands as they ran."""
 
 
 def sections(page: Path) -> list[list[str]]:
