@@ -337,7 +337,7 @@ def test_every_trainer_times_its_iterations_and_compiles_after_the_second_when_i
     assert lefts == [2, 1, 0]
     assert fake.compiled and set(fake.at) == {2}, fake.at  # (each wrapped function, at its first call)
     assert _summary(out)["compiled"] is True
-    last = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=False)
+    last = torch.load(Path(out["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     assert last["compiled"] is True
 
 
@@ -383,7 +383,7 @@ def test_a_resumed_auto_run_keeps_the_choice_its_checkpoint_recorded(tmp_path, m
     fake, _ = _watch(monkeypatch, PAYS)
     straight = ppo_continuous.main(tiny_args(ppo_continuous, tmp_path / "a", common))
     half = Path(straight["run_dir"]) / "checkpoints" / "iter_000002.pt"
-    assert torch.load(half, weights_only=False)["compiled"] is True
+    assert torch.load(half, weights_only=True)["compiled"] is True
     fake, lefts = _watch(monkeypatch, NEVER_PAYS)
     resumed = ppo_continuous.main(tiny_args(ppo_continuous, tmp_path / "b", common, resume=str(half)))
     assert lefts == [1, 0] and set(fake.at) == {0}
