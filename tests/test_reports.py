@@ -77,6 +77,22 @@ def test_every_report_linked_from_the_readme_and_docs_exists():
     assert not broken, broken
 
 
+def test_a_report_shows_the_command_its_runs_json_records():
+    """A report drawn from runs.json by its driver (`--report-only` redraws it) shows runs.json's command: a command
+    edited in the report alone (a script moved) would go back to the old one when the report is redrawn."""
+    checked, wrong = 0, []
+    for report in REPORTS:
+        runs = report / "runs.json"
+        data = json.loads(runs.read_text()) if runs.is_file() else None
+        if not (isinstance(data, dict) and isinstance(data.get("command"), str)):
+            continue
+        checked += 1
+        text = (report / "report.md").read_text()
+        if not any(line.startswith(f"- command: `{data['command']}`") for line in text.splitlines()):
+            wrong.append(f"{report.name}: runs.json records `{data['command']}`")
+    assert checked >= 3 and not wrong, wrong
+
+
 def test_a_run_directory_in_a_recorded_command_is_not_a_mention_of_a_report(tmp_path):
     """A record moved to another folder keeps its exact commands as they ran (`--output-dir docs/results/<old>/runs/
     ...`): that names where the runs were written, not a report, so it neither needs `<old>` to exist nor quotes
