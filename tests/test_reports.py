@@ -54,6 +54,52 @@ def test_every_report_command_names_a_script_that_exists(report):
     assert (REPO / path).is_file(), f"{report.name}: {command!r} starts {path}, which does not exist"
 
 
+def test_every_suite_report_command_names_configs_that_exist():
+    """A report of the reproducibility suite is measured again by its command: the scripts and tasks it names have
+    their config files today (run.suite_pairs accepts them), or the report is stale and its record says, instead of
+    that command, how it is measured again (`again`, which the banner gives)."""
+    import tyro
+
+    from benchmarks.suite import run
+
+    checked, problems = 0, []
+    for report in REPORTS:
+        prov = provenance.load(report)
+        tokens = shlex.split(prov["command"])
+        if "benchmarks.suite.run" not in tokens:
+            continue
+        checked += 1
+        args = tyro.cli(run.Args, args=tokens[tokens.index("benchmarks.suite.run") + 1 :])
+        try:
+            run.suite_pairs(args)
+        except SystemExit as e:
+            if not (prov["stale"] and prov["stale"].get("again")):
+                problems.append(f"{report.name}: {e}")
+            continue
+        if prov["stale"] and prov["stale"].get("again"):
+            problems.append(f"{report.name}: its command runs, but its banner gives another sentence instead")
+    assert checked > 10 and not problems, problems
+
+
+def test_a_stale_banner_gives_the_records_own_way_to_measure_it_again(tmp_path, monkeypatch):
+    """mark_stale with `again`: the record keeps that sentence and the banner gives it instead of the command."""
+    report = tmp_path / "results" / "old"
+    report.mkdir(parents=True)
+    prov = {"commit": "a" * 40, "date": "2026-11-25", "command": "uv run python -m benchmarks.suite.run --tasks X",
+            "stale": None, "runs": [], "fingerprints": {}}  # fmt: skip
+    (report / provenance.FILE).write_text(json.dumps(prov))
+    (report / "report.md").write_text("# old\n\ntext\n")
+    monkeypatch.setattr(provenance, "RESULTS_MD", tmp_path / "benchmarks.md")
+    monkeypatch.setattr(provenance, "ARCHIVE_MD", tmp_path / "benchmarks-archive.md")
+    provenance.mark_stale(report, "its config is gone", again="It cannot be measured again as it ran.")
+    text = (report / "report.md").read_text()
+    assert text.startswith(provenance.STALE_BANNER) and "its config is gone. It cannot be measured again" in text
+    assert "Measure it again with" not in text and provenance.load(report)["stale"]["again"].startswith("It cannot")
+    provenance.mark_stale(report, "its numbers moved")
+    assert "its numbers moved. Measure it again with `uv run python -m benchmarks.suite.run --tasks X`." in (
+        report / "report.md").read_text()  # fmt: skip
+
+
 def test_every_report_names_a_commit_of_this_repository():
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True, text=True)
     if shallow.returncode != 0 or shallow.stdout.strip() == "true":

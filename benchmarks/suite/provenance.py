@@ -339,16 +339,21 @@ def report_markdown(report: Path) -> Path | None:
 
 
 def banner(report: Path, prov: dict) -> str:
+    """The stale banner: when and at which commit `report` was measured, why it is stale, and how to measure it again:
+    its command, or the record's own sentence (`again`) where that command no longer runs as it ran."""
+    again = prov["stale"].get("again") or f"Measure it again with `{prov['command']}`."
     return (f"{STALE_BANNER} `docs/results/{report.name}` was measured at commit {prov['commit'][:10]} "
-            f"({prov['date']}); {prov['stale']['why']}. Measure it again with `{prov['command']}`.")  # fmt: skip
+            f"({prov['date']}); {prov['stale']['why']}. {again}")  # fmt: skip
 
 
-def mark_stale(report: Path, why: str) -> None:
+def mark_stale(report: Path, why: str, again: str | None = None) -> None:
     """Record in provenance.json that `report` is stale, and put a banner at the top of its markdown page and of its
-    section in docs/benchmarks.md or docs/benchmarks-archive.md (between its BEGIN/END markers)."""
+    section in docs/benchmarks.md or docs/benchmarks-archive.md (between its BEGIN/END markers). `again`: a sentence
+    that says how it is measured again, for a report whose recorded command no longer runs (a config it named is
+    gone); the banner then gives it instead of the command."""
     prov = load(report)
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    prov["stale"] = {"since": today, "why": why}
+    prov["stale"] = {"since": today, "why": why} | ({"again": again} if again else {})
     (report / FILE).write_text(json.dumps(prov, indent=1) + "\n")
     page = report_markdown(report)
     if page is not None:

@@ -160,6 +160,8 @@ def index(root: Path = REPO) -> str:
             continue
         prov = provenance.load(report)
         state = f"stale since {prov['stale']['since']}: {prov['stale']['why']}" if prov["stale"] else "fresh"
+        if prov["stale"] and prov["stale"].get("again"):  # (its command no longer runs as it ran)
+            state += f". {prov['stale']['again']}"
         lines += [f"## {report.name}", "", f"- {state}", f"- measured {prov['date']} at commit {prov['commit'][:10]}",
                   f"- command: `{prov['command']}`"]  # fmt: skip
         page = provenance.report_markdown(report)
