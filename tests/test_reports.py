@@ -208,7 +208,12 @@ def test_a_report_section_is_reached_by_its_headings_and_those_it_lies_under():
     assert anchors["vla-rl-cpu-split"] == {"vla-rl-from-behaviour-cloning-cpu_1"}  # (a second heading of that name)
     assert "vla-what-rl-adds-to-a-pretrained-base-from-few-demonstrations-cpu" in anchors["vla-fewshot-cpu"]
     assert {"propriorgb-k1", "statergb-k10"} <= anchors["vla-fewshot-cpu"]
-    assert anchors["pixels-rgb-cpu"] == {"pixel-ppo-rgb-pushcuberl-cpu", "image-only-obs_modergb", "pushcuberlrgb"}
+    assert anchors["pixels-rgb-cpu"] == {"pixel-ppo-on-pushcuberl-cpu", "image-only-obs_modergb", "pushcuberlrgb"}
+    assert anchors["pixels-rgb-2026-11-23"] == {
+        "pixel-ppo-rgb-pushcuberl-cpu",
+        "image-only-obs_modergb",
+        "pushcuberlrgb",
+    }  # (the archive's headings of the same names)
     # a section after another's subsections: under their heading, not theirs
     assert anchors["lang-6m-cpu"] == {"pushcubelangrl-language-action-heads-and-grpo-group-filtering-cpu",
                                       "pushcubelangrlchunk4-6m"}  # fmt: skip
