@@ -512,7 +512,7 @@ def test_the_figures_index_is_current_and_maps_each_quoted_figure_to_its_report(
     text = page.read_text()
     full = text.split("## full-cpu\n", 1)[1].split("\n## ", 1)[0]
     assert "- fresh" in full or "- stale since" in full
-    assert "uv run python -m benchmarks.suite.run --suite full" in full and "eval return **2794" in full
+    assert "uv run python -m benchmarks.suite.run --suite full" in full and "eval return **2795" in full
     assert "`README.md`: / Pusher-v5, the same" in full and "/ what / result /" not in full
     reports = {r.name for r in REPORTS if (r / provenance.FILE).is_file()}
     assert set(re.findall(r"^## (\S+)$", text, flags=re.M)) == reports
