@@ -1244,3 +1244,19 @@ def test_record_lines_name_the_command_machine_load_versions_and_commit():
     assert lines[1].endswith("at start [0.5, 0.6, 0.7], at end [1.0, 1.0, 1.0]")
     assert lines[3] == "- git: abc (uncommitted changes)"
     assert len(benchlib.record_lines("c", machine, None, {"git_sha": "abc", "git_dirty": False})) == 3
+
+
+def test_speed_report_depends_on_every_trainer_it_timed(tmp_path):
+    """speed.py times grpo and ppo_ddp (eager and compiled) beside ppo_continuous; its provenance lists the trainer
+    commands it ran, so the report depends on each one's fingerprints. Until 2026-12-03 it recorded its own
+    invocation alone, from which only ppo_continuous and the env could be read, and a change to grpo or ppo_ddp
+    left the report fresh."""
+    from benchmarks.speed import speed
+
+    data = json.loads((benchlib.REPO / "docs" / "results" / "speed-cpu" / "speed.json").read_text())
+    speed.write_outputs(data, tmp_path, "cpu", "")
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    timed = [row[mode]["command"] for row in data["train"] for mode in ("eager", "compile") if mode in row]
+    assert len(timed) == 18 and prov["runs"] == [data["invocation"], *timed]
+    trainers = {"grpo", "ppo_ddp", "ppo_continuous", "ppo_continuous-compiled", "env-PushCubeRL"}
+    assert trainers <= set(prov["fingerprints"])

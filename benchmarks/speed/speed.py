@@ -921,7 +921,10 @@ def write_outputs(data: dict, out: Path, kind: str, results_md: str) -> None:
         md = Path(results_md)
         image = os.path.relpath(out / "speed.png", md.resolve().parent).replace(os.sep, "/") if has_plot else ""
         write_section(md, f"speed-{kind}", report(data, image))
-    provenance.record(out, data["invocation"], None, data["machine"], data["git"])  # the commit it measured
+    # its runs: the invocation (the env and breakdown parts run in it) and each trainer it timed, so that the report
+    # depends on every trainer's fingerprints, not only on the one its own command names
+    timed = [row[mode]["command"] for row in data.get("train") or [] for mode in ("eager", "compile") if mode in row]
+    provenance.record(out, data["invocation"], [data["invocation"], *timed], data["machine"], data["git"])
     print(tables(data))
     print(f"wrote {out / 'speed.md'}")
 
